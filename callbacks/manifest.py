@@ -1,0 +1,131 @@
+"""A run's manifest: everything needed to tell whether a rerun can reproduce it.
+
+``manifest.json`` records the code (git SHA and dirty flag), the command line, the software
+(Python, torch, Lightning, MLflow versions and the full list of installed distributions), the
+machine (host, CPU, GPUs), the world size, the seed and a fingerprint of the training data.
+The callback writes it into the run directory at fit start and logs it to MLflow (rank 0).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+
+
+def git_state(cwd: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The checkout's commit and whether it has uncommitted changes (``None`` outside git)."""
+
+    def run(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    sha = run("rev-parse", "HEAD")
+    status = run("status", "--porcelain", "--untracked-files=no") if sha else None
+    return {"sha": sha, "dirty": bool(status) if status is not None else None}
+
+
+def cpu_name() -> str:
+    """The CPU model as the OS reports it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def installed_packages() -> list[str]:
+    """``name==version`` of every installed distribution, sorted (what ``pip freeze`` lists)."""
+    found = {f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+             if d.metadata["Name"]}
+    return sorted(found, key=str.lower)
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def build_manifest(world_size: int, seed: int | None, data_fingerprint: str | None,
+                   argv: list[str] | None = None) -> dict[str, Any]:
+    """The manifest of a run started now in this process."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return {
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git": git_state(),
+        "command": [sys.executable, *(argv if argv is not None else sys.argv)],
+        "cwd": os.getcwd(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "lightning": _version("lightning"),
+            "mlflow": _version("mlflow"),
+        },
+        "packages": installed_packages(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "gpus": gpus,
+        "world_size": world_size,
+        "seed": seed,
+        "data_fingerprint": data_fingerprint,
+    }
+
+
+class Manifest(Callback):
+    """Write ``manifest.json`` into ``dirpath`` at fit start and log it as an MLflow artifact.
+
+    Args:
+        dirpath: the run directory.
+        seed: the run's seed, recorded as is.
+
+    The datamodule's ``fingerprint()``, when it has one, is the data fingerprint.
+
+    Example::
+
+        trainer = Trainer(callbacks=[Manifest("runs/digits/r1", seed=42)])
+    """
+
+    def __init__(self, dirpath: str | os.PathLike, seed: int | None = None) -> None:
+        self.dirpath = Path(dirpath)
+        self.seed = seed
+        self.manifest: dict[str, Any] | None = None
+
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        datamodule: Any = trainer.datamodule
+        fingerprint = datamodule.fingerprint() if hasattr(datamodule, "fingerprint") else None
+        self.manifest = build_manifest(trainer.world_size, self.seed, fingerprint)
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        path = self.dirpath / "manifest.json"
+        path.write_text(json.dumps(self.manifest, indent=2))
+        for logger in trainer.loggers:
+            run_id = getattr(logger, "run_id", None)
+            if run_id is not None and hasattr(logger.experiment, "log_artifact"):
+                logger.experiment.log_artifact(run_id, str(path))

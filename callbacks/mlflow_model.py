@@ -1,0 +1,95 @@
+"""Log the trained model to MLflow at the end of a completed fit, from rank 0 only.
+
+``mlflow.pytorch.log_model`` stores the model with an input example (its signature, and what
+MLflow's pt2 format needs). Under FSDP the parameters are sharded: the full state dict is
+gathered (a collective on every rank) into an unsharded copy of the module on rank 0 first.
+A fit that stopped on an interruption notice is not finished, so nothing is logged then.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+import mlflow
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import MLFlowLogger
+from typing_extensions import override
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def _is_sharded(module: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def unsharded_copy(pl_module: pl.LightningModule, is_global_zero: bool) -> torch.nn.Module | None:
+    """A CPU copy of the module with full weights on rank 0 (``None`` elsewhere); collective if sharded.
+
+    The copy is rebuilt from the module's saved hyperparameters, so it holds no trainer state.
+    """
+    if _is_sharded(pl_module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(pl_module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        state = {k: v.detach().cpu() for k, v in pl_module.state_dict().items()}
+    if not is_global_zero:
+        return None
+    fresh = type(pl_module)(**{k: v for k, v in pl_module.hparams.items() if not k.startswith("_")})
+    fresh.load_state_dict(state)
+    return fresh.eval()
+
+
+class LogModel(Callback):
+    """Log the model of a finished fit as the MLflow run's ``model`` artifact.
+
+    Args:
+        name: the logged model's name within the run.
+
+    The datamodule must provide ``example_input()`` (a batch-of-one tensor) for the input
+    example; callbacks with an ``interrupted`` attribute set veto the logging.
+
+    Example::
+
+        trainer = Trainer(logger=MLFlowLogger(...), callbacks=[LogModel()])
+    """
+
+    def __init__(self, name: str = "model") -> None:
+        self.name = name
+        self.model_uri: str | None = None
+
+    @override
+    def on_fit_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        if any(getattr(cb, "interrupted", False) for cb in trainer.callbacks):
+            return
+        logger = next((lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)), None)
+        if logger is None:
+            return
+        model = unsharded_copy(pl_module, trainer.is_global_zero)
+        if model is None:
+            return
+        datamodule: Any = trainer.datamodule
+        example = datamodule.example_input() if hasattr(datamodule, "example_input") else None
+        uri = getattr(logger, "_tracking_uri", None) or mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(uri)
+        info = self._log(model, logger.run_id, example)
+        self.model_uri = info.model_uri
+        log.info("Logged model %s", self.model_uri)
+
+    def _log(self, model: torch.nn.Module, run_id: str, example: torch.Tensor | None) -> Any:
+        client = mlflow.MlflowClient()
+        status = client.get_run(run_id).info.status
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pytorch.log_model(
+                model, name=self.name, input_example=None if example is None else example.numpy()
+            )
+        client.update_run(run_id, status=status)  # leaving the context ended the run; the logger ends it
+        return info

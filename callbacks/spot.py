@@ -1,0 +1,416 @@
+"""Spot-safe training: checkpoint on an interruption notice, stop cleanly, resume exactly.
+
+Notices come from signals (SIGTERM from Kubernetes and most schedulers, SIGUSR1 from SLURM's
+``--signal=USR1@90``), from the cloud's metadata service (polled in a thread, see
+``callbacks/notices.py``), or from a fire drill. Handlers and pollers only set a flag; at each
+training-batch end (and at the end of validation) the ranks agree on it with one small
+all-reduce, then all save the same step, synchronously, and stop together. No collective ever
+runs inside a signal handler (Lightning's own SIGTERM handler broadcasts inside the handler,
+which can deadlock DDP; this callback replaces it when training starts).
+
+Every checkpoint this callback writes carries the RNG states of every rank (Python, NumPy,
+torch, CUDA) and the MLflow run id; with a stateful training loader (Lightning saves its
+position) a resumed run continues bitwise where the interrupted one stopped. Periodic saves
+every K steps or T minutes go through the trainer's checkpoint IO (asynchronous when it is
+Lightning's ``AsyncCheckpointIO``); names are unique per step and older saves are pruned only
+after a newer one is published, so a good checkpoint always remains.
+
+After a notice save the run stops with ``trainer.should_stop``; ``interrupted`` is then true
+and the launcher exits with :data:`REQUEUE_EXIT_CODE` (75, ``EX_TEMPFAIL``: "try again"), on
+which schedulers can requeue. Under SLURM the job is requeued with ``scontrol requeue``.
+
+Logged metrics (rank 0):
+
+=========================  ===========================================================
+key                        meaning
+=========================  ===========================================================
+``spot/interruptions``     notices acted on over the whole run (survives resumes)
+``spot/notice_to_saved_s`` seconds from the notice to the checkpoint published on disk
+``spot/lost_steps``        steps redone after a resume (work since the last checkpoint)
+=========================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from typing_extensions import override
+
+from callbacks import ckpt_store, notices
+from callbacks.checkpoint_io import RUN_METADATA_KEY
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+
+log = logging.getLogger(__name__)
+
+#: Exit status after a notice save: sysexits' EX_TEMPFAIL, "temporary failure, retry".
+REQUEUE_EXIT_CODE = 75
+#: File name pattern of the checkpoints this callback writes (``step=00000042.ckpt``).
+CHECKPOINT_PATTERN = "step=*.ckpt"
+
+_SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGINT": signal.SIGINT}
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as plain Python values (safe for ``weights_only`` loading and gloo)."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+class SpotCheckpoint(Callback):
+    """Act on interruption notices, save periodically, and make resumes exact.
+
+    Args:
+        provider: cloud whose metadata service to poll for notices: ``auto`` (detect),
+            ``aws``, ``gcp``, ``azure`` or ``none`` (signals only).
+        metadata_url: base URL of the metadata service (default: the provider's own).
+        poll_interval_s: seconds between metadata polls.
+        signals: signal names that count as a notice.
+        every_n_steps: also save every this many optimizer steps (``None``: not by steps).
+        every_minutes: also save every this many minutes of training (``None``: not by time).
+        save_on_train_epoch_end: save at the end of every training epoch.
+        keep: how many of this callback's newest checkpoints to keep.
+        dirpath: where checkpoints go (default: the trainer's ModelCheckpoint directory).
+        requeue_slurm: under SLURM, run ``scontrol requeue $SLURM_JOB_ID`` after a notice save.
+        drill_steps: fire drill: send this process a real SIGTERM after these global steps.
+        drill_validation_epochs: fire drill: send a SIGTERM during validation in these epochs.
+        drill_rate: fire drill: per-step probability of a SIGTERM (seeded by ``drill_seed``).
+        drill_seed: seed of the random drill.
+
+    Raises:
+        ValueError: for an unknown provider or signal, or a non-positive interval.
+
+    Example::
+
+        trainer = Trainer(callbacks=[SpotCheckpoint(provider="aws", every_n_steps=500)],
+                          plugins=[AsyncCheckpointIO(AtomicCheckpointIO())])
+        trainer.fit(model, datamodule, ckpt_path=ckpt_store.newest_good(dirpath).path)
+    """
+
+    def __init__(
+        self,
+        provider: Literal["auto", "aws", "gcp", "azure", "none"] = "none",
+        metadata_url: str | None = None,
+        poll_interval_s: float = 5.0,
+        signals: list[str] | None = None,
+        every_n_steps: int | None = None,
+        every_minutes: float | None = None,
+        save_on_train_epoch_end: bool = True,
+        keep: int = 2,
+        dirpath: str | None = None,
+        requeue_slurm: bool = True,
+        drill_steps: list[int] | None = None,
+        drill_validation_epochs: list[int] | None = None,
+        drill_rate: float = 0.0,
+        drill_seed: int = 0,
+    ) -> None:
+        if provider not in ("auto", "aws", "gcp", "azure", "none"):
+            raise ValueError(f"SpotCheckpoint(provider={provider!r}) must be auto, aws, gcp, azure or none.")
+        signals = ["SIGTERM", "SIGUSR1"] if signals is None else signals
+        unknown = [s for s in signals if s not in _SIGNALS]
+        if unknown:
+            raise ValueError(f"SpotCheckpoint(signals={unknown!r}): known signals are {sorted(_SIGNALS)}.")
+        for name, value in (("every_n_steps", every_n_steps), ("every_minutes", every_minutes),
+                            ("poll_interval_s", poll_interval_s), ("keep", keep)):
+            if value is not None and value <= 0:
+                raise ValueError(f"SpotCheckpoint({name}={value!r}) must be positive.")
+        if not 0.0 <= drill_rate < 1.0:
+            raise ValueError(f"SpotCheckpoint(drill_rate={drill_rate!r}) must lie in [0, 1).")
+        self.provider = provider
+        self.metadata_url = metadata_url
+        self.poll_interval_s = poll_interval_s
+        self.signals = signals
+        self.every_n_steps = every_n_steps
+        self.every_minutes = every_minutes
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.keep = keep
+        self.dirpath = dirpath
+        self.requeue_slurm = requeue_slurm
+        self.drill_steps = set(drill_steps or [])
+        self.drill_validation_epochs = set(drill_validation_epochs or [])
+        self.drill_rate = drill_rate
+        self._drill_rng = random.Random(drill_seed)
+
+        # State kept across resumes (state_dict).
+        self.mlflow_run_id: str | None = None
+        self.interruptions = 0
+        self.drills_fired: set[str] = set()
+        # This process only.
+        self.interrupted = False
+        self.notice: notices.Notice | None = None
+        self._notice_time: float | None = None
+        self._flag = threading.Event()
+        self._previous_handlers: dict[int, Any] = {}
+        self._poller: notices.NoticePoller | None = None
+        self._pending_rng: list[dict[str, Any]] | None = None
+        self._last_save_time = time.monotonic()
+        self._resumed_step: int | None = None
+
+    # ----------------------------------------------------------------- notices
+    def notify(self, notice: notices.Notice) -> None:
+        """Record a notice; safe from a signal handler or another thread (sets a flag only)."""
+        if not self._flag.is_set():
+            self._notice_time = time.monotonic()
+            self.notice = notice
+            self._flag.set()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.notify(notices.Notice("signal", signal.Signals(signum).name))
+
+    def install_signal_handlers(self) -> None:
+        """Make the configured signals set the notice flag (and nothing else)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.signals:
+            signum = _SIGNALS[name]
+            previous = signal.signal(signum, self._on_signal)
+            self._previous_handlers.setdefault(signum, previous)
+
+    def restore_signal_handlers(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous_handlers = {}
+
+    def _start_poller(self, trainer: Trainer) -> None:
+        provider = self.provider
+        if provider == "none" or trainer.local_rank != 0:
+            return
+        if provider == "auto":
+            detected = notices.detect_provider(self.metadata_url)
+            if detected is None:
+                log.info("SpotCheckpoint(provider='auto'): no cloud metadata service answers; signals only.")
+                return
+            provider = detected
+        self._poller = notices.NoticePoller(provider, self.notify, self.metadata_url, self.poll_interval_s)
+        self._poller.start()
+
+    def _should_stop(self, trainer: Trainer) -> bool:
+        """Whether any rank has a notice: one all-reduce (max), outside any signal handler."""
+        flag = 1.0 if self._flag.is_set() else 0.0
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            tensor = torch.tensor([flag], device=trainer.strategy.root_device)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            flag = float(tensor.item())
+            if flag and not self._flag.is_set():
+                self.notify(notices.Notice("peer", "another rank received a notice"))
+        return flag > 0
+
+    def _fire_drill(self, key: str) -> None:
+        if key in self.drills_fired:
+            return
+        self.drills_fired.add(key)
+        log.warning("SpotCheckpoint fire drill (%s): sending SIGTERM to this process.", key)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # ------------------------------------------------------------------ saving
+    def _dir(self, trainer: Trainer) -> Path:
+        if self.dirpath is not None:
+            return Path(self.dirpath)
+        if trainer.checkpoint_callback is not None and getattr(trainer.checkpoint_callback, "dirpath", None):
+            return Path(trainer.checkpoint_callback.dirpath)
+        return Path(trainer.default_root_dir) / "checkpoints"
+
+    def save(self, trainer: Trainer, wait: bool) -> Path:
+        """Save a checkpoint of the current step on every rank; ``wait`` for it to be on disk."""
+        directory = self._dir(trainer)
+        path = directory / f"step={trainer.global_step:08d}.ckpt"
+        io = trainer.strategy.checkpoint_io
+        trainer.save_checkpoint(path)
+        if wait and isinstance(io, AsyncCheckpointIO):
+            io.teardown()  # joins the writer thread; it restarts on the next save
+        if path.is_dir() and trainer.is_global_zero:
+            # sharded (distributed) checkpoints bypass the checkpoint IO: publish them here
+            ckpt_store.write_record(path, trainer.global_step, trainer.current_epoch,
+                                    extra={"mlflow_run_id": self.mlflow_run_id})
+        trainer.strategy.barrier("SpotCheckpoint.save")
+        if trainer.is_global_zero:  # a save still in flight is not counted: `keep` good ones remain
+            ckpt_store.prune(directory, CHECKPOINT_PATTERN, self.keep)
+        self._last_save_time = time.monotonic()
+        return path
+
+    def _stop_on_notice(self, trainer: Trainer) -> None:
+        self.save(trainer, wait=True)
+        elapsed = time.monotonic() - (self._notice_time or time.monotonic())
+        self.interruptions += 1
+        self.interrupted = True
+        trainer.should_stop = True
+        if trainer.is_global_zero:
+            source = self.notice.source if self.notice else "peer"
+            log.warning("Interruption notice (%s) -> checkpoint of step %d on disk in %.3f s; stopping.",
+                        source, trainer.global_step, elapsed)
+            self._log(trainer, {"spot/interruptions": self.interruptions, "spot/notice_to_saved_s": elapsed,
+                                "spot/lost_steps": 0})
+            self._requeue()
+
+    def _requeue(self) -> None:
+        job = os.environ.get("SLURM_JOB_ID")
+        if not self.requeue_slurm or not job:
+            return
+        array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        job_id = f"{array_job}_{task}" if array_job and task else job
+        scontrol = shutil.which("scontrol")
+        if scontrol is None:
+            log.warning("SLURM job %s: scontrol not found, cannot requeue.", job_id)
+            return
+        result = subprocess.run([scontrol, "requeue", job_id], check=False, capture_output=True, text=True)
+        if result.returncode == 0:
+            log.warning("Requeued SLURM job %s.", job_id)
+        else:
+            log.warning("scontrol requeue %s failed (%d): %s", job_id, result.returncode, result.stderr.strip())
+
+    @staticmethod
+    def _log(trainer: Trainer, metrics: dict[str, float]) -> None:
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    # ------------------------------------------------------------------- hooks
+    @override
+    def setup(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        run_id = None
+        if trainer.is_global_zero:
+            run_id = next((getattr(lg, "run_id", None) for lg in trainer.loggers if getattr(lg, "run_id", None)),
+                          None)
+        self.mlflow_run_id = trainer.strategy.broadcast(run_id, src=0) or self.mlflow_run_id
+        self.install_signal_handlers()
+        self._start_poller(trainer)
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning registers its own SIGTERM handler after `setup`; take the signals back.
+        self.install_signal_handlers()
+        if self._pending_rng is not None:
+            states = self._pending_rng
+            if len(states) != trainer.world_size:
+                log.warning("Checkpoint holds RNG states of %d ranks, this run has %d: the resumed run "
+                            "will not be bitwise identical.", len(states), trainer.world_size)
+            else:
+                set_rng_state(states[trainer.global_rank])
+            self._pending_rng = None
+        if self._resumed_step is not None and trainer.is_global_zero:
+            self._log(trainer, {"spot/lost_steps": self._lost_steps(trainer)})
+        self._last_save_time = time.monotonic()
+
+    def _lost_steps(self, trainer: Trainer) -> int:
+        """Steps the previous attempt logged beyond the checkpoint resumed from (redone now)."""
+        assert self._resumed_step is not None
+        furthest = self._resumed_step
+        for logger in trainer.loggers:
+            client, run_id = getattr(logger, "experiment", None), getattr(logger, "run_id", None)
+            if run_id is None or not hasattr(client, "get_metric_history"):
+                continue
+            for key in ("train/loss",):
+                steps = [m.step for m in client.get_metric_history(run_id, key)]
+                furthest = max([furthest, *steps])
+        return furthest - self._resumed_step
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        if trainer.is_global_zero:
+            if step in self.drill_steps:
+                self._fire_drill(f"step:{step}")
+            elif self.drill_rate and self._drill_rng.random() < self.drill_rate:
+                self._fire_drill(f"random:{step}")
+        if self._should_stop(trainer):
+            self._stop_on_notice(trainer)
+            return
+        due_steps = self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0
+        due_time = (self.every_minutes is not None
+                    and time.monotonic() - self._last_save_time >= 60.0 * self.every_minutes)
+        if due_steps or due_time:
+            self.save(trainer, wait=False)
+
+    @override
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any,
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero or batch_idx != 0:
+            return
+        if trainer.current_epoch in self.drill_validation_epochs:
+            self._fire_drill(f"validation:{trainer.current_epoch}")
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.training:
+            return
+        if not self.interrupted and self._should_stop(trainer):
+            self._stop_on_notice(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        if self.save_on_train_epoch_end and not self.interrupted:
+            self.save(trainer, wait=False)
+
+    @override
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        states: list[Any] = [rng_state()]
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            states = [None] * trainer.world_size
+            dist.all_gather_object(states, rng_state())
+        checkpoint[RUN_METADATA_KEY] = {"mlflow_run_id": self.mlflow_run_id, "rng": states}
+
+    @override
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        meta = checkpoint.get(RUN_METADATA_KEY) or {}
+        self._pending_rng = meta.get("rng")
+        self._resumed_step = int(checkpoint.get("global_step", 0))
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"mlflow_run_id": self.mlflow_run_id, "interruptions": self.interruptions,
+                "drills_fired": sorted(self.drills_fired)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.mlflow_run_id = state_dict.get("mlflow_run_id") or self.mlflow_run_id
+        self.interruptions = int(state_dict.get("interruptions", 0))
+        self.drills_fired = set(state_dict.get("drills_fired", []))
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, AsyncCheckpointIO):
+            io.teardown()
+        if trainer.is_global_zero:
+            ckpt_store.prune(self._dir(trainer), CHECKPOINT_PATTERN, self.keep)

@@ -1,0 +1,147 @@
+"""Image classification task: a LightningModule with a small CNN, or any torchvision model by name.
+
+One module serves every strategy: on one device and under DDP it is a plain module; under
+``ModelParallelStrategy`` (our FSDP, see ``configs/strategy/fsdp.yaml``) ``configure_model``
+shards it with FSDP2's ``fully_shard`` over the data-parallel mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+import torchmetrics
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
+from typing_extensions import override
+
+
+def small_cnn(in_channels: int, num_classes: int, width: int, dropout: float) -> nn.Sequential:
+    """Two conv blocks and a linear head: enough for 8x8 digits, MNIST and a CIFAR-10 baseline."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, width, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(width, 2 * width, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Dropout(dropout),
+        nn.Linear(2 * width * 16, 4 * width),
+        nn.ReLU(),
+        nn.Linear(4 * width, num_classes),
+    )
+
+
+def torchvision_model(name: str, in_channels: int, num_classes: int) -> nn.Module:
+    """A torchvision architecture by name (random init: no weight download), adapted to the input."""
+    import torchvision
+
+    try:
+        model = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+    except ValueError as err:
+        known = ", ".join(sorted(torchvision.models.list_models(module=torchvision.models)))
+        raise ValueError(f"ImageClassifier(backbone={name!r}) is not a torchvision model; known: {known}") from err
+    if in_channels != 3:
+        first = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
+        replacement = nn.Conv2d(
+            in_channels,
+            first.out_channels,
+            first.kernel_size,
+            first.stride,
+            first.padding,
+            bias=first.bias is not None,
+        )
+        for parent in model.modules():
+            for child_name, child in parent.named_children():
+                if child is first:
+                    setattr(parent, child_name, replacement)
+    return model
+
+
+class ImageClassifier(pl.LightningModule):
+    """Cross-entropy classifier with torchmetrics accuracy.
+
+    Args:
+        num_classes: number of labels.
+        in_channels: image channels (1 for digits and MNIST, 3 for CIFAR-10).
+        backbone: ``"small_cnn"`` or the name of any torchvision classification model
+            (``"resnet18"``, ``"mobilenet_v3_small"``, ...), randomly initialised.
+        width: channels of the small CNN's first conv layer.
+        dropout: dropout before the small CNN's head.
+        optimizer: the optimizer, from the config (default AdamW, lr 3e-3).
+        lr_scheduler: an optional LR scheduler, from the config; stepped every epoch.
+
+    Logged metrics: ``train/loss``, ``train/acc`` (per step), ``val/loss``, ``val/acc`` (per epoch).
+
+    Example::
+
+        model = ImageClassifier(num_classes=10, in_channels=1)
+        logits = model(torch.zeros(4, 1, 8, 8))   # (4, 10)
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 1,
+        backbone: str = "small_cnn",
+        width: int = 32,
+        dropout: float = 0.1,
+        optimizer: OptimizerCallable = lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=1e-4),
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__()
+        if num_classes < 2:
+            raise ValueError(f"ImageClassifier(num_classes={num_classes!r}) needs at least 2 classes.")
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"], logger=False)
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        if backbone == "small_cnn":
+            self.net = small_cnn(in_channels, num_classes, width, dropout)
+        else:
+            self.net = torchvision_model(backbone, in_channels, num_classes)
+        self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
+        self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
+
+    @override
+    def configure_model(self) -> None:
+        mesh = self.device_mesh
+        if mesh is None:
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        dp_mesh = mesh["data_parallel"]
+        for layer in self.net:
+            if any(p.requires_grad for p in layer.parameters(recurse=False)):
+                fully_shard(layer, mesh=dp_mesh)
+        fully_shard(self.net, mesh=dp_mesh)
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    @override
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        self.train_acc(logits, y)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=True, on_epoch=False)
+        return loss
+
+    @override
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.val_acc(logits, y)
+        self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log("val/acc", self.val_acc, prog_bar=True)
+
+    @override
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer_factory(self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}

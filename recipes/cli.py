@@ -1,0 +1,374 @@
+"""The project's LightningCLI: defaults every entry point shares, and the run flow around ``fit``.
+
+What it adds to Lightning's CLI:
+
+- a run directory ``<runs_root>/<experiment>/<run_name>/`` with ``checkpoints/``, the resolved
+  ``config.yaml`` and ``manifest.json``;
+- MLflow tracking by default (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``): the config as
+  flattened params, metrics, artifacts, the model, system metrics; one run however many ranks;
+- resume: relaunching with the same run name continues from the newest good checkpoint, in the
+  same MLflow run (``--ckpt_path`` picks one explicitly, ``--fresh`` starts over);
+- spot safety, baselines, atomic (and by default asynchronous) checkpoint writes, a rich progress
+  bar and an end-of-run summary table;
+- one-line errors with exit code 2 for bad input, and no MLflow run left RUNNING after a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import torch
+from jsonargparse import Namespace
+from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from rich.console import Console
+from rich.table import Table
+
+from callbacks import ckpt_store
+from callbacks.baselines import Baselines
+from callbacks.checkpoint_io import AtomicCheckpointIO
+from callbacks.manifest import Manifest
+from callbacks.mlflow_model import LogModel
+from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+#: Set by the launching process so the ranks Lightning starts agree on the run.
+ENV_RUN_NAME = "ATSCALE_RUN_NAME"
+ENV_CKPT_PATH = "ATSCALE_CKPT_PATH"
+ENV_MLFLOW_RUN_ID = "ATSCALE_MLFLOW_RUN_ID"
+#: Exit status for bad input (as jsonargparse uses for parse errors).
+USAGE_EXIT_CODE = 2
+_MAX_PARAM_LENGTH = 6000
+
+
+class UsageError(Exception):
+    """Bad input, reported as one line and exit code 2."""
+
+
+@dataclass
+class RunContext:
+    """Where a run lives and what it resumes from."""
+
+    experiment: str
+    run_name: str
+    run_dir: Path
+    tracking_uri: str
+    ckpt_path: str | None
+    mlflow_run_id: str | None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+def global_rank_from_env() -> int:
+    """This process's rank as the launcher (torchrun, SLURM, Lightning) announced it; 0 if none."""
+    for key in ("RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0 if os.environ.get("LOCAL_RANK", "0") == "0" else int(os.environ["LOCAL_RANK"])
+
+
+def default_run_name() -> str:
+    """A run name every rank and every relaunch of one scheduled job agrees on, when there is one."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"slurm-{os.environ.get('SLURM_ARRAY_JOB_ID') or os.environ['SLURM_JOB_ID']}" + (
+            f"-{os.environ['SLURM_ARRAY_TASK_ID']}" if os.environ.get("SLURM_ARRAY_TASK_ID") else "")
+    if os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
+        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("several processes were launched without a shared run name: pass --run_name NAME "
+                         "(or torchrun --rdzv-id ID) so that every rank writes to the same run.")
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
+    """Fail early when an HTTP tracking server does not answer its health endpoint."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
+            if response.status == 200:
+                return
+            reason = f"HTTP {response.status}"
+    except urllib.error.HTTPError as err:
+        reason = f"HTTP {err.code}"
+    except (OSError, ValueError) as err:
+        reason = str(getattr(err, "reason", err))
+    raise UsageError(f"MLflow tracking server {uri} is unreachable ({reason}); "
+                     "start it or fix MLFLOW_TRACKING_URI.")
+
+
+def check_devices(trainer_cfg: Namespace) -> None:
+    """Refuse more CPU processes than cores (Lightning would start them and crawl)."""
+    devices, accelerator = trainer_cfg.get("devices"), str(trainer_cfg.get("accelerator"))
+    wants_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if not wants_cpu or (not isinstance(devices, int) and not str(devices).isdigit()):
+        return
+    cores = os.cpu_count() or 1
+    if int(devices) > cores:
+        raise UsageError(f"trainer.devices={devices} asks for {devices} CPU processes, but this machine has "
+                         f"{cores} CPU cores.")
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """Nested config -> ``{"a.b.c": "value"}`` for MLflow params."""
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        out: dict[str, str] = {}
+        for key, sub in value.items():
+            out.update(flatten(sub, f"{prefix}{key}."))
+        return out
+    text = json.dumps(value, default=str) if isinstance(value, (list, tuple)) else str(value)
+    return {prefix.rstrip("."): text[:_MAX_PARAM_LENGTH]}
+
+
+def log_params_once(client: mlflow.MlflowClient, run_id: str, params: dict[str, str]) -> list[str]:
+    """Log params the run does not have yet; a resumed run whose config changed gets tags instead.
+
+    MLflow refuses to change a logged param, so changed values are recorded as
+    ``config_changed.<key>`` tags (and returned) rather than failing the resume.
+    """
+    existing = client.get_run(run_id).data.params
+    new = {k: v for k, v in params.items() if k not in existing}
+    changed = [k for k, v in params.items() if k in existing and existing[k] != v]
+    items = [mlflow.entities.Param(k, v) for k, v in new.items()]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start:start + 100])
+    for key in changed:
+        client.set_tag(run_id, f"config_changed.{key}"[:250], params[key])
+    return changed
+
+
+class TrackedConfig(SaveConfigCallback):
+    """Write the resolved ``config.yaml`` into the run directory and log it (and its params) to MLflow."""
+
+    def __init__(self, parser: LightningArgumentParser, config: Namespace, run_dir: str = ".",
+                 **kwargs: Any) -> None:
+        super().__init__(parser, config, save_to_log_dir=False, **kwargs)
+        self.run_dir = Path(run_dir)
+
+    def save_config(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "config.yaml"
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True, multifile=False)
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger) and logger.run_id:
+                changed = log_params_once(logger.experiment, logger.run_id, flatten(self.config))
+                if changed:
+                    log.warning("Resumed with a changed config: %s (recorded as config_changed.* tags).",
+                                ", ".join(changed))
+                logger.experiment.log_artifact(logger.run_id, str(path))
+
+
+class AtscaleCLI(LightningCLI):
+    """LightningCLI with the project's run directory, tracking, resume and safety defaults.
+
+    Fitting is its only action: ``python -m recipes.fit --config X.yaml [--config Y.yaml] [--k=v ...]``.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("run", False)
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("seed_everything_default", 42)
+        kwargs.setdefault("save_config_callback", TrackedConfig)
+        kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("trainer_defaults", {"accelerator": "auto", "use_distributed_sampler": False,
+                                               "log_every_n_steps": 10})
+        kwargs.setdefault("parser_kwargs", {"description": __doc__.splitlines()[0] if __doc__ else None})
+        self.context: RunContext | None = None
+        super().__init__(**kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--experiment", type=str, default="default", help="MLflow experiment name.")
+        parser.add_argument("--run_name", type=str | None, default=None,
+                            help="Run name; relaunching with the same name resumes the run.")
+        parser.add_argument("--runs_root", type=str, default="runs", help="Root of the run directories.")
+        parser.add_argument("--ckpt_path", type=str | None, default=None,
+                            help="Resume from this checkpoint instead of the run's newest good one.")
+        parser.add_argument("--fresh", type=bool, default=False,
+                            help="Start over: set the run's old checkpoints aside and open a new MLflow run.")
+        parser.add_argument("--async_checkpoint", type=bool, default=True,
+                            help="Write periodic checkpoints in a background thread.")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({
+            "checkpoint.monitor": "val/acc",
+            "checkpoint.mode": "max",
+            "checkpoint.save_top_k": 1,
+            "checkpoint.filename": "best-{epoch:03d}-{step:08d}",
+            "checkpoint.auto_insert_metric_name": False,
+        })
+        parser.add_lightning_class_args(SpotCheckpoint, "spot")
+
+    # ------------------------------------------------------------ run context
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config
+        check_devices(cfg.trainer)
+        experiment = cfg.experiment
+        run_name = cfg.run_name or os.environ.get(ENV_RUN_NAME) or default_run_name()
+        run_dir = Path(cfg.runs_root) / experiment / run_name
+        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+        check_tracking_server(tracking_uri)
+        ckpt_path, run_id = self._resolve_resume(cfg, run_dir / "checkpoints")
+        self.context = RunContext(experiment, run_name, run_dir, tracking_uri, ckpt_path, run_id)
+        # ranks that Lightning launches re-run this command: tell them what was decided
+        os.environ[ENV_RUN_NAME] = run_name
+        os.environ[ENV_CKPT_PATH] = ckpt_path or ""
+        os.environ[ENV_MLFLOW_RUN_ID] = run_id or ""
+        for key in ("checkpoint", "spot"):
+            if cfg[key].get("dirpath") is None:
+                cfg[key]["dirpath"] = str(self.context.checkpoint_dir)
+        self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": str(run_dir)}
+
+    @staticmethod
+    def _resolve_resume(cfg: Namespace, checkpoint_dir: Path) -> tuple[str | None, str | None]:
+        if ENV_CKPT_PATH in os.environ:  # a rank launched by the process that decided
+            return os.environ[ENV_CKPT_PATH] or None, os.environ.get(ENV_MLFLOW_RUN_ID) or None
+        if cfg.ckpt_path:
+            path = Path(cfg.ckpt_path)
+            if not path.exists():
+                raise UsageError(f"--ckpt_path {cfg.ckpt_path} does not exist.")
+            record = ckpt_store.read_record(path)
+            return str(path), record.extra.get("mlflow_run_id") if record else None
+        if cfg.fresh:
+            if checkpoint_dir.exists() and global_rank_from_env() == 0:
+                aside = checkpoint_dir.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
+                shutil.move(checkpoint_dir, aside)
+                log.warning("--fresh: previous checkpoints moved to %s", aside)
+            return None, None
+        record = ckpt_store.newest_good(checkpoint_dir)
+        if record is None:
+            return None, None
+        log.warning("Resuming from %s (step %d).", record.path, record.global_step)
+        return str(record.path), record.extra.get("mlflow_run_id")
+
+    # ---------------------------------------------------------------- trainer
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        assert self.context is not None
+        ctx = self.context
+        config = dict(config)
+        seed = self.config.get("seed_everything")
+        extra: list[Callback] = [Manifest(ctx.run_dir, seed=seed if isinstance(seed, int) else None),
+                                 Baselines(metric=self.config.checkpoint.monitor or "val/acc"), LogModel()]
+        user_callbacks = list(config.get("callbacks") or []) + callbacks
+        if config.get("enable_progress_bar", True) is not False and not any(
+                isinstance(cb, ProgressBar) for cb in user_callbacks):
+            extra.append(RichProgressBar(leave=True))
+        if config.get("logger") in (None, True):
+            config["logger"] = MLFlowLogger(
+                experiment_name=ctx.experiment,
+                run_name=ctx.run_name,
+                tracking_uri=ctx.tracking_uri,
+                run_id=ctx.mlflow_run_id,
+            )
+        plugins = config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            io = AtomicCheckpointIO()
+            plugins.append(AsyncCheckpointIO(io) if self.config.async_checkpoint else io)
+        config["plugins"] = plugins
+        return super()._instantiate_trainer(config, callbacks + extra)
+
+    # ------------------------------------------------------------------ fit
+    def mlflow_logger(self) -> MLFlowLogger | None:
+        return next((lg for lg in self.trainer.loggers if isinstance(lg, MLFlowLogger)), None)
+
+    def spot(self) -> SpotCheckpoint | None:
+        return next((cb for cb in self.trainer.callbacks if isinstance(cb, SpotCheckpoint)), None)
+
+    def fit(self) -> int:
+        """Train, then report; returns the process exit code."""
+        assert self.context is not None
+        ctx = self.context
+        logger = self.mlflow_logger()
+        monitor = None
+        if logger is not None and self.trainer.is_global_zero:
+            mlflow.set_tracking_uri(ctx.tracking_uri)
+            client, run_id = logger.experiment, logger.run_id  # creates the run, or reopens a resumed one
+            if ctx.mlflow_run_id:
+                client.update_run(run_id, status="RUNNING")
+            os.environ[ENV_MLFLOW_RUN_ID] = run_id
+            monitor = self._start_system_metrics(run_id)
+        start = time.monotonic()
+        try:
+            self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ctx.ckpt_path)
+        finally:
+            if monitor is not None:
+                monitor.finish()
+        duration = time.monotonic() - start
+        spot = self.spot()
+        interrupted = spot is not None and spot.interrupted
+        if logger is not None and self.trainer.is_global_zero and interrupted:
+            logger.experiment.set_terminated(logger.run_id, "KILLED")
+        if self.trainer.is_global_zero:
+            self.print_summary(duration, interrupted)
+        return REQUEUE_EXIT_CODE if interrupted else 0
+
+    @staticmethod
+    def _start_system_metrics(run_id: str) -> Any:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        except ImportError:  # pragma: no cover - psutil missing
+            return None
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=10, samples_before_logging=1)
+        monitor.start()
+        return monitor
+
+    def print_summary(self, duration: float, interrupted: bool) -> None:
+        """A rich table: final metrics, baselines and lift, duration, where the run is in MLflow."""
+        assert self.context is not None
+        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
+                   if isinstance(v, (torch.Tensor, float, int)) and torch.as_tensor(v).numel() == 1}
+        title = "atscale run — INTERRUPTED (relaunch the same command to resume)" if interrupted \
+            else "atscale run — finished"
+        table = Table(title=title, show_header=False)
+        table.add_column("key", style="cyan")
+        table.add_column("value")
+        for key in sorted(metrics):
+            table.add_row(key, f"{metrics[key]:.4f}")
+        for callback in self.trainer.callbacks:
+            if hasattr(callback, "summary_rows"):
+                for key, value in callback.summary_rows(metrics):
+                    table.add_row(key, value)
+        table.add_row("duration", f"{duration:.1f} s (global step {self.trainer.global_step})")
+        logger = self.mlflow_logger()
+        if logger is not None:
+            table.add_row("mlflow", f"experiment {self.context.experiment!r}, run {logger.run_id}")
+            table.add_row("tracking", self.context.tracking_uri)
+        table.add_row("run dir", str(self.context.run_dir))
+        Console(stderr=False).print(table)
+
+
+def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
+    """Parse, build and fit; bad input -> one line on stderr and exit code 2."""
+    try:
+        cli = AtscaleCLI(args=args, **kwargs)
+    except (UsageError, MisconfigurationException, ValueError, TypeError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    try:
+        return cli.fit()
+    except (UsageError, MisconfigurationException, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return USAGE_EXIT_CODE

@@ -1,0 +1,589 @@
+"""Plan a training run: how many devices, on which market, for what expected time and cost.
+
+Given the time of one step on one device, the number of steps, a scaling law and an instance from the
+price catalog (``configs/prices.yaml``), this tabulates, for each device count N and each market
+(on-demand, spot), the expected wall time and cost of the run, and picks the cheapest plan that meets
+a deadline and the fastest that fits a budget. The model:
+
+* speedup ``C(N)`` from Amdahl (``--serial-fraction``) or the Universal Scalability Law
+  (``--usl-a``/``--usl-b``), so the work takes ``W = steps x step_time / C(N)``;
+* ``ceil(N / GPUs per instance)`` instances (a machine without GPUs counts as one device);
+* on-demand: never interrupted. Spot: each instance is interrupted with probability
+  ``--interruption-rate`` per ``--rate-period-h`` (Poisson), any interruption stops the synchronous job,
+  so its MTBF is ``M = 1 / (instances x -ln(1 - p) / period)``;
+* a checkpoint every Daly-optimal interval (save cost ``--save-cost-s``), ``--restart-s`` per restart,
+  and the exact expected wall time of Daly's exponential model (see ``callbacks/cost_model.py``);
+  every instance is billed for the whole expected wall time.
+
+Examples::
+
+    # 10,000 steps of 3 s on one H100, 5% serial: what do 8 GPUs cost, on which market?
+    python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 \\
+        --instance a3-highgpu-1g --interruption-rate 0.05 --rate-period-h 1 \\
+        --save-cost-s 30 --restart-s 120
+
+    # the cheapest plan done within 2 h, the fastest within $50, and a cost-vs-time plot
+    python -m recipes.plan --step-time 3 --steps 10000 --usl-a 0.02 --usl-b 0.0005 \\
+        --instance a3-highgpu-8g --interruption-rate 0.05 --deadline-h 2 --budget-usd 50 --plot plan.png
+
+    # an AWS instance (the catalog has on-demand prices only there): give a spot price, as JSON
+    python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance p5.48xlarge \\
+        --price-spot 22.0 --interruption-rate 0.05 --json
+
+Exit status: 0 with a plan; 1 when no row meets ``--deadline-h`` or ``--budget-usd`` (the answer
+says so, naming the limit and the best achievable); 2 on bad input (one line on stderr naming the value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from callbacks.ckpt_interval import daly_interval, mtbf_from_rate
+from callbacks.cost_model import expected_run
+from callbacks.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
+from callbacks.scaling_laws import amdahl_speedup, usl_speedup
+
+__all__ = [
+    "DEFAULT_DEVICES",
+    "PlanInputs",
+    "PlanResult",
+    "PlanRow",
+    "main",
+    "plan",
+    "print_table",
+    "to_json",
+    "write_plot",
+]
+
+DEFAULT_DEVICES = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything a plan needs, as plain numbers. Constructing it validates it.
+
+    Give either ``serial_fraction`` (Amdahl) or ``usl_a``/``usl_b`` (USL; a missing one is 0).
+
+    Args:
+        step_time_s: Time of one training step on one device, seconds (> 0).
+        steps: Number of steps in the run (>= 1).
+        instance: The catalog row to price (see :func:`callbacks.prices.with_overrides`).
+        serial_fraction: Amdahl serial fraction in [0, 1]; None when a USL coefficient is given.
+        usl_a: USL contention coefficient (>= 0), or None.
+        usl_b: USL coherency coefficient (>= 0), or None.
+        interruption_rate: Probability that one spot instance is interrupted per period, in [0, 1).
+        rate_period_s: The period of that rate, seconds (> 0).
+        save_cost_s: Time to write one checkpoint, seconds (> 0).
+        restart_s: Time to restart and reload after an interruption, seconds (>= 0).
+        devices: Device counts to tabulate (integers >= 1).
+        markets: Markets to tabulate, from ``("on_demand", "spot")``.
+        deadline_h: Pick the cheapest plan whose expected wall time is within this many hours.
+        budget_usd: Pick the fastest plan whose expected cost is within this many USD.
+
+    Raises:
+        ValueError: If a value is out of range or the scaling law is ambiguous; the message names it.
+    """
+
+    step_time_s: float
+    steps: int
+    instance: Instance
+    serial_fraction: float | None = None
+    usl_a: float | None = None
+    usl_b: float | None = None
+    interruption_rate: float = 0.0
+    rate_period_s: float = 3600.0
+    save_cost_s: float = 30.0
+    restart_s: float = 120.0
+    devices: tuple[int, ...] = DEFAULT_DEVICES
+    markets: tuple[str, ...] = MARKETS
+    deadline_h: float | None = None
+    budget_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        def finite(x: float) -> bool:
+            return isinstance(x, (int, float)) and math.isfinite(x)
+
+        if not (finite(self.step_time_s) and self.step_time_s > 0):
+            raise ValueError(f"step time {self.step_time_s!r} s must be a positive number of seconds.")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps={self.steps!r} must be an integer >= 1.")
+        usl = self.usl_a is not None or self.usl_b is not None
+        if usl and self.serial_fraction is not None:
+            raise ValueError(
+                f"give either a serial fraction ({self.serial_fraction!r}) or USL coefficients "
+                f"(a={self.usl_a!r}, b={self.usl_b!r}), not both."
+            )
+        if not usl and self.serial_fraction is None:
+            raise ValueError("give a scaling law: a serial fraction (Amdahl) or USL coefficients a and b.")
+        if self.serial_fraction is not None and not (
+            finite(self.serial_fraction) and 0.0 <= self.serial_fraction <= 1.0
+        ):
+            raise ValueError(f"serial fraction {self.serial_fraction!r} must be in [0, 1].")
+        for name, value in (("USL a", self.usl_a), ("USL b", self.usl_b)):
+            if value is not None and not (finite(value) and value >= 0):
+                raise ValueError(f"{name}={value!r} must be a finite number >= 0.")
+        if not (finite(self.interruption_rate) and 0.0 <= self.interruption_rate < 1.0):
+            raise ValueError(f"interruption rate {self.interruption_rate!r} must be in [0, 1) (per period).")
+        if not (finite(self.rate_period_s) and self.rate_period_s > 0):
+            raise ValueError(f"rate period {self.rate_period_s!r} s must be positive.")
+        if not (finite(self.save_cost_s) and self.save_cost_s > 0):
+            raise ValueError(f"checkpoint save cost {self.save_cost_s!r} s must be positive.")
+        if not (finite(self.restart_s) and self.restart_s >= 0):
+            raise ValueError(f"restart time {self.restart_s!r} s must be >= 0.")
+        if not self.devices:
+            raise ValueError("the device list is empty.")
+        for n in self.devices:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"device count {n!r} must be an integer >= 1.")
+        for market in self.markets:
+            if market not in MARKETS:
+                raise ValueError(f"market {market!r} must be one of {MARKETS}.")
+        if self.deadline_h is not None and not (finite(self.deadline_h) and self.deadline_h > 0):
+            raise ValueError(f"deadline {self.deadline_h!r} h must be a positive number of hours.")
+        if self.budget_usd is not None and not (finite(self.budget_usd) and self.budget_usd > 0):
+            raise ValueError(f"budget {self.budget_usd!r} USD must be a positive amount.")
+
+    def speedup(self, n: int) -> float:
+        """Speedup of ``n`` devices over one, from the scaling law.
+
+        Args:
+            n: Device count (>= 1).
+
+        Returns:
+            ``C(n)``.
+        """
+        if self.serial_fraction is not None:
+            return float(amdahl_speedup(n, self.serial_fraction))
+        return float(usl_speedup(n, self.usl_a or 0.0, self.usl_b or 0.0))
+
+    @property
+    def scaling_law(self) -> str:
+        """The scaling law in words, e.g. ``"Amdahl s=0.05"``."""
+        if self.serial_fraction is not None:
+            return f"Amdahl s={self.serial_fraction:g}"
+        return f"USL a={self.usl_a or 0.0:g} b={self.usl_b or 0.0:g}"
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One (device count, market) option.
+
+    Args:
+        devices: Device count N.
+        market: ``"on_demand"`` or ``"spot"``.
+        instances: Instances billed, ``ceil(N / devices per instance)``.
+        price_per_h: Price per instance-hour, USD.
+        speedup: ``C(N)``.
+        work_h: Uninterrupted run time ``steps x step_time / C(N)``, hours.
+        mtbf_h: The job's mean time between interruptions, hours (inf: never interrupted).
+        interval_min: Daly checkpoint interval, minutes (inf: no checkpoints needed).
+        wall_h: Expected wall time, hours.
+        cost_usd: Expected cost, USD.
+        interruptions: Expected number of interruptions.
+        pareto: True when no other row is at least as cheap and as fast, and strictly one of the two.
+    """
+
+    devices: int
+    market: str
+    instances: int
+    price_per_h: float
+    speedup: float
+    work_h: float
+    mtbf_h: float
+    interval_min: float
+    wall_h: float
+    cost_usd: float
+    interruptions: float
+    pareto: bool = False
+
+    @property
+    def label(self) -> str:
+        """Short name, e.g. ``"N=8 spot"``."""
+        return f"N={self.devices} {self.market}"
+
+
+@dataclass
+class PlanResult:
+    """The table and the picks.
+
+    Args:
+        inputs: What was planned.
+        rows: One :class:`PlanRow` per device count and market, in that order.
+        picks: Row chosen per criterion: ``cheapest``, ``fastest`` and, when asked,
+            ``cheapest_within_deadline`` and ``fastest_within_budget`` (None when no row qualifies).
+        messages: Notes for the reader (skipped markets, unmet limits).
+        feasible: False when a deadline or budget was given and no row meets it.
+    """
+
+    inputs: PlanInputs
+    rows: list[PlanRow]
+    picks: dict[str, PlanRow | None] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+    feasible: bool = True
+
+
+def _pareto_flags(rows: Sequence[PlanRow]) -> list[bool]:
+    flags = []
+    for r in rows:
+        dominated = any(
+            o.wall_h <= r.wall_h
+            and o.cost_usd <= r.cost_usd
+            and (o.wall_h < r.wall_h or o.cost_usd < r.cost_usd)
+            for o in rows
+        )
+        flags.append(not dominated)
+    return flags
+
+
+def _plan_row(inputs: PlanInputs, n: int, market: str, price: float) -> PlanRow:
+    inst = inputs.instance
+    instances = math.ceil(n / inst.devices_per_instance)
+    speedup = inputs.speedup(n)
+    work_s = inputs.steps * inputs.step_time_s / speedup
+    rate = inputs.interruption_rate if market == "spot" else 0.0
+    mtbf_s = mtbf_from_rate(rate, inputs.rate_period_s, instances)
+    interval_s = daly_interval(inputs.save_cost_s, mtbf_s)
+    exp = expected_run(work_s, interval_s, inputs.save_cost_s, inputs.restart_s, mtbf_s, instances, price)
+    return PlanRow(
+        devices=n,
+        market=market,
+        instances=instances,
+        price_per_h=price,
+        speedup=speedup,
+        work_h=work_s / 3600.0,
+        mtbf_h=mtbf_s / 3600.0,
+        interval_min=interval_s / 60.0,
+        wall_h=exp.wall_s / 3600.0,
+        cost_usd=exp.cost_usd,
+        interruptions=exp.interruptions,
+    )
+
+
+def plan(inputs: PlanInputs) -> PlanResult:
+    """Tabulate expected wall time and cost per device count and market, and pick the best rows.
+
+    Args:
+        inputs: The validated :class:`PlanInputs`.
+
+    Returns:
+        The :class:`PlanResult`. A market whose price the catalog lacks is skipped with a message; if
+        that leaves no row, ``rows`` is empty and ``feasible`` False.
+    """
+    messages: list[str] = []
+    prices: dict[str, float] = {}
+    for market in inputs.markets:
+        try:
+            prices[market] = price_for(inputs.instance, market)
+        except ValueError as err:
+            messages.append(f"{market} rows skipped: {err}")
+    rows = [_plan_row(inputs, n, m, p) for n in inputs.devices for m, p in prices.items()]
+    rows = [
+        PlanRow(**{**asdict(r), "pareto": flag}) for r, flag in zip(rows, _pareto_flags(rows), strict=True)
+    ]
+    result = PlanResult(inputs=inputs, rows=rows, messages=messages)
+    if not rows:
+        result.feasible = False
+        result.messages.append("no market has a price for this instance: nothing to plan.")
+        return result
+    fastest = min(rows, key=lambda r: (r.wall_h, r.cost_usd))
+    cheapest = min(rows, key=lambda r: (r.cost_usd, r.wall_h))
+    result.picks = {"cheapest": cheapest, "fastest": fastest}
+    if inputs.deadline_h is not None:
+        ok = [r for r in rows if r.wall_h <= inputs.deadline_h]
+        pick = min(ok, key=lambda r: (r.cost_usd, r.wall_h)) if ok else None
+        result.picks["cheapest_within_deadline"] = pick
+        if pick is None:
+            result.feasible = False
+            result.messages.append(
+                f"No plan meets the deadline of {inputs.deadline_h:g} h: the fastest achievable expected "
+                f"time is {fastest.wall_h:.2f} h ({fastest.label}, ${fastest.cost_usd:,.2f})."
+            )
+    if inputs.budget_usd is not None:
+        ok = [r for r in rows if r.cost_usd <= inputs.budget_usd]
+        pick = min(ok, key=lambda r: (r.wall_h, r.cost_usd)) if ok else None
+        result.picks["fastest_within_budget"] = pick
+        if pick is None:
+            result.feasible = False
+            result.messages.append(
+                f"No plan fits the budget of ${inputs.budget_usd:,.2f}: the cheapest achievable expected "
+                f"cost is ${cheapest.cost_usd:,.2f} ({cheapest.label}, {cheapest.wall_h:.2f} h)."
+            )
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- output
+
+
+def _num(x: float) -> float | None:
+    """JSON has no infinity: inf and nan become null."""
+    return x if math.isfinite(x) else None
+
+
+def _row_json(row: PlanRow) -> dict:
+    return {k: (_num(v) if isinstance(v, float) else v) for k, v in asdict(row).items()}
+
+
+def to_json(result: PlanResult) -> dict:
+    """The plan as a JSON-ready dict (infinite MTBF and interval become null).
+
+    Args:
+        result: From :func:`plan`.
+
+    Returns:
+        ``{"inputs", "instance", "rows", "picks", "messages", "feasible"}``.
+    """
+    inputs = asdict(result.inputs)
+    instance = inputs.pop("instance")
+    inputs["devices"] = list(inputs["devices"])
+    inputs["markets"] = list(inputs["markets"])
+    inputs["scaling_law"] = result.inputs.scaling_law
+    return {
+        "inputs": inputs,
+        "instance": instance,
+        "rows": [_row_json(r) for r in result.rows],
+        "picks": {k: (None if r is None else _row_json(r)) for k, r in result.picks.items()},
+        "messages": result.messages,
+        "feasible": result.feasible,
+    }
+
+
+def _fmt(x: float, spec: str) -> str:
+    return format(x, spec) if math.isfinite(x) else "-"
+
+
+def print_table(result: PlanResult) -> None:
+    """Print the plan as a rich table with the picks marked, then the messages.
+
+    Args:
+        result: From :func:`plan`.
+    """
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
+    inp = result.inputs
+    inst = inp.instance
+    spot = "n/a" if inst.spot_usd_per_h is None else f"${inst.spot_usd_per_h:g}/h"
+    title = (
+        f"{inp.steps:,} steps x {inp.step_time_s:g} s on {inst.name} ({inst.gpus}x {inst.gpu or 'CPU'}), "
+        f"{inp.scaling_law}"
+    )
+    caption = (
+        f"on-demand ${inst.on_demand_usd_per_h:g}/h, spot {spot} per instance ({inst.source}, {inst.date}); "
+        f"spot interruptions {inp.interruption_rate:g} per {inp.rate_period_s / 3600:g} h per instance; "
+        f"save {inp.save_cost_s:g} s, restart {inp.restart_s:g} s. * = Pareto front."
+    )
+    table = Table(title=title, caption=caption)
+    for name in (
+        "N",
+        "market",
+        "inst.",
+        "speedup",
+        "work h",
+        "MTBF h",
+        "ckpt every",
+        "E[wall] h",
+        "E[cost] $",
+        "E[interr.]",
+        "pick",
+    ):
+        table.add_column(escape(name), justify="left" if name in ("market", "pick") else "right")
+    marks: dict[int, list[str]] = {}
+    for key, row in result.picks.items():
+        if row is not None:
+            marks.setdefault(id(row), []).append(key.replace("_", " "))
+    for r in result.rows:
+        interval = "-" if not math.isfinite(r.interval_min) else f"{r.interval_min:.1f} min"
+        table.add_row(
+            str(r.devices),
+            r.market,
+            str(r.instances),
+            f"{r.speedup:.2f}",
+            f"{r.work_h:.2f}",
+            _fmt(r.mtbf_h, ".2f"),
+            interval,
+            _fmt(r.wall_h, ".2f"),
+            _fmt(r.cost_usd, ",.2f"),
+            f"{r.interruptions:.2f}",
+            ("* " if r.pareto else "") + ", ".join(marks.get(id(r), [])),
+        )
+    console.print(table)
+    for message in result.messages:
+        console.print(message, markup=False)
+
+
+def write_plot(result: PlanResult, path: str | Path) -> Path:
+    """Write a PNG of expected cost against expected wall time, Pareto front marked and labelled.
+
+    Args:
+        result: From :func:`plan`.
+        path: The PNG file to write.
+
+    Returns:
+        The path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    path = Path(path)
+    rows = [r for r in result.rows if math.isfinite(r.wall_h) and math.isfinite(r.cost_usd)]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for market, marker in (("on_demand", "o"), ("spot", "s")):
+        pts = [r for r in rows if r.market == market]
+        if pts:
+            ax.scatter(
+                [r.wall_h for r in pts],
+                [r.cost_usd for r in pts],
+                marker=marker,
+                alpha=0.6,
+                label=market.replace("_", "-"),
+            )
+    front = sorted((r for r in rows if r.pareto), key=lambda r: r.wall_h)
+    if front:
+        ax.plot([r.wall_h for r in front], [r.cost_usd for r in front], "k--", lw=1, label="Pareto front")
+        ax.scatter(
+            [r.wall_h for r in front], [r.cost_usd for r in front], facecolors="none", edgecolors="k", s=120
+        )
+        for r in front:
+            ax.annotate(
+                r.label, (r.wall_h, r.cost_usd), textcoords="offset points", xytext=(6, 4), fontsize=8
+            )
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    if rows and all(r.wall_h > 0 for r in rows):
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(plain)
+    if rows and all(r.cost_usd > 0 for r in rows):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+    inst = result.inputs.instance
+    ax.set_xlabel("expected wall time (h)")
+    ax.set_ylabel("expected cost (USD)")
+    ax.set_title(f"{result.inputs.steps:,} steps on {inst.name}, {result.inputs.scaling_law}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m recipes.plan",
+        description="Expected wall time and cost per device count and market (on-demand vs spot).",
+    )
+    p.add_argument("--step-time", type=float, required=True, help="seconds per step on one device")
+    p.add_argument("--steps", type=int, required=True, help="steps in the run")
+    law = p.add_argument_group("scaling law (one of)")
+    law.add_argument("--serial-fraction", type=float, help="Amdahl serial fraction s in [0, 1]")
+    law.add_argument("--usl-a", type=float, help="USL contention coefficient a >= 0")
+    law.add_argument("--usl-b", type=float, help="USL coherency coefficient b >= 0")
+    p.add_argument("--instance", required=True, help="instance name from the price catalog")
+    p.add_argument("--catalog", help="price catalog YAML (default: configs/prices.yaml)")
+    p.add_argument("--price-on-demand", type=float, help="override the on-demand USD per instance-hour")
+    p.add_argument("--price-spot", type=float, help="override the spot USD per instance-hour")
+    p.add_argument(
+        "--interruption-rate",
+        type=float,
+        required=True,
+        help="probability that one spot instance is interrupted per period, in [0, 1)",
+    )
+    p.add_argument("--rate-period-h", type=float, default=1.0, help="period of that rate, hours (default 1)")
+    p.add_argument(
+        "--save-cost-s", type=float, default=30.0, help="seconds to write a checkpoint (default 30)"
+    )
+    p.add_argument(
+        "--restart-s", type=float, default=120.0, help="seconds to restart and reload (default 120)"
+    )
+    p.add_argument(
+        "--devices",
+        default=",".join(map(str, DEFAULT_DEVICES)),
+        help="comma-separated device counts (default 1,2,4,8,16,32,64)",
+    )
+    p.add_argument("--deadline-h", type=float, help="pick the cheapest plan done within this many hours")
+    p.add_argument("--budget-usd", type=float, help="pick the fastest plan within this many USD")
+    p.add_argument("--json", action="store_true", help="print rows and picks as JSON instead of a table")
+    p.add_argument("--plot", help="write a PNG of cost vs wall time with the Pareto front")
+    return p
+
+
+def _parse_devices(text: str) -> tuple[int, ...]:
+    out = []
+    for part in text.split(","):
+        try:
+            n = int(part.strip())
+        except ValueError:
+            raise ValueError(f"--devices: {part.strip()!r} is not an integer device count.") from None
+        if n < 1:
+            raise ValueError(f"--devices: device count {n} must be >= 1.")
+        out.append(n)
+    return tuple(out)
+
+
+def _inputs_from_args(args: argparse.Namespace) -> PlanInputs:
+    catalog = load_catalog(args.catalog)
+    instance = with_overrides(get_instance(catalog, args.instance), args.price_on_demand, args.price_spot)
+    if args.rate_period_h is None or not args.rate_period_h > 0:
+        raise ValueError(f"--rate-period-h {args.rate_period_h!r} must be a positive number of hours.")
+    return PlanInputs(
+        step_time_s=args.step_time,
+        steps=args.steps,
+        instance=instance,
+        serial_fraction=args.serial_fraction,
+        usl_a=args.usl_a,
+        usl_b=args.usl_b,
+        interruption_rate=args.interruption_rate,
+        rate_period_s=args.rate_period_h * 3600.0,
+        save_cost_s=args.save_cost_s,
+        restart_s=args.restart_s,
+        devices=_parse_devices(args.devices),
+        deadline_h=args.deadline_h,
+        budget_usd=args.budget_usd,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the planner from the command line.
+
+    Args:
+        argv: Arguments without the program name; None for ``sys.argv[1:]``.
+
+    Returns:
+        0 with a plan; 1 when no row meets the deadline or budget; 2 on bad input.
+    """
+    args = _parser().parse_args(argv)
+    try:
+        inputs = _inputs_from_args(args)
+    except (KeyError, ValueError, FileNotFoundError) as err:
+        message = err.args[0] if err.args else str(err)
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    result = plan(inputs)
+    if args.json:
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        print_table(result)
+    if args.plot:
+        written = write_plot(result, args.plot)
+        if not args.json:
+            print(f"wrote {written}")
+    return 0 if result.feasible else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,228 @@
+"""recipes.plan from explicit numbers: hand-computed rows, picks, JSON, plot, exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from callbacks.prices import get_instance, load_catalog
+from recipes.plan import PlanInputs, main, plan
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = ["--step-time", "3", "--steps", "10000", "--instance", "a3-highgpu-1g", "--interruption-rate", "0.05"]
+
+
+def _instance(name: str):
+    return get_instance(load_catalog(), name)
+
+
+def test_plan_linear_on_demand_by_hand():
+    """Serial fraction 0, on-demand: wall = steps x step_time / N, cost = wall x price x instances."""
+    inputs = PlanInputs(
+        step_time_s=3.0,
+        steps=10_000,
+        instance=_instance("a3-highgpu-8g"),
+        serial_fraction=0.0,
+        interruption_rate=0.05,
+        devices=(1, 4, 8, 16),
+        markets=("on_demand",),
+    )
+    rows = {r.devices: r for r in plan(inputs).rows}
+    assert sorted(rows) == [1, 4, 8, 16]
+    # 30,000 s / 16 = 1875 s = 0.520833 h on 2 instances of 8 GPUs at $88.49/h = $92.1771
+    r16 = rows[16]
+    assert (r16.instances, r16.speedup) == (2, 16.0)
+    assert r16.wall_h == pytest.approx(1875 / 3600, rel=1e-12)
+    assert r16.cost_usd == pytest.approx(1875 / 3600 * 88.49 * 2, rel=1e-12)
+    assert r16.cost_usd == pytest.approx(92.17708, abs=1e-5)
+    assert (r16.mtbf_h, r16.interval_min, r16.interruptions) == (math.inf, math.inf, 0.0)
+    # 4 devices still bill one whole 8-GPU instance: 7500 s x $88.49/h = $184.35
+    assert rows[4].instances == 1
+    assert rows[4].cost_usd == pytest.approx(7500 / 3600 * 88.49, rel=1e-12)
+    assert rows[1].wall_h == pytest.approx(30000 / 3600, rel=1e-12)
+
+
+def test_plan_spot_row_by_hand():
+    """1 x H100 spot, 5%/h, save 30 s, restart 120 s: Daly interval, 15 segments, Daly's exponential model."""
+    inputs = PlanInputs(
+        step_time_s=3.0,
+        steps=10_000,
+        instance=_instance("a3-highgpu-1g"),
+        serial_fraction=0.0,
+        interruption_rate=0.05,
+        rate_period_s=3600.0,
+        save_cost_s=30.0,
+        restart_s=120.0,
+        devices=(1,),
+        markets=("spot",),
+    )
+    (row,) = plan(inputs).rows
+    m = 3600 / -math.log(0.95)  # 70184.61 s
+    x = 30 / (2 * m)
+    t = math.sqrt(2 * 30 * m) * (1 + math.sqrt(x) / 3 + x / 9) - 30  # 2032.14 s
+    assert t == pytest.approx(2032.1396, abs=1e-3)
+    n = math.ceil(30000 / t)  # 15 segments, the last of 1550.05 s with no save
+    last = 30000 - (n - 1) * t
+    f = lambda length: m * math.exp(120 / m) * (math.exp(length / m) - 1)  # noqa: E731
+    wall = (n - 1) * f(t + 30) + f(last)
+    assert (n, round(last, 2)) == (15, 1550.05)
+    assert row.mtbf_h == pytest.approx(m / 3600, rel=1e-12)
+    assert row.interval_min == pytest.approx(t / 60, rel=1e-12)
+    assert row.wall_h == pytest.approx(wall / 3600, rel=1e-12)
+    assert row.wall_h == pytest.approx(8.5884, abs=1e-4)  # 30918.37 s
+    assert row.cost_usd == pytest.approx(wall / 3600 * 4.42, rel=1e-12)
+    assert row.cost_usd == pytest.approx(37.9609, abs=1e-4)
+    assert row.interruptions == pytest.approx(wall / m, rel=1e-12)
+
+
+def test_plan_amdahl_and_usl_speedups():
+    common = dict(step_time_s=2.0, steps=3600, instance=_instance("a2-highgpu-1g"), devices=(2, 4, 8, 16, 64))
+    amdahl = plan(PlanInputs(serial_fraction=0.25, markets=("on_demand",), **common))
+    assert [round(r.speedup, 2) for r in amdahl.rows] == [1.60, 2.29, 2.91, 3.37, 3.82]  # DESIGN.md
+    usl = plan(PlanInputs(usl_a=0.1, usl_b=0.01, markets=("on_demand",), **common))
+    # N / (1 + 0.1 (N - 1) + 0.01 N (N - 1)) at N = 4: 4 / 1.42
+    assert usl.rows[1].speedup == pytest.approx(4 / 1.42, rel=1e-12)
+    assert usl.rows[1].wall_h == pytest.approx(7200 / (4 / 1.42) / 3600, rel=1e-12)
+
+
+def _json(capsys, argv):
+    code = main(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_json_output_and_picks(capsys):
+    code, out = _json(capsys, [*BASE, *"--serial-fraction 0 --deadline-h 2 --budget-usd 50 --json".split()])
+    assert code == 0
+    assert out["feasible"] is True
+    rows = out["rows"]
+    assert [(r["devices"], r["market"]) for r in rows[:4]] == [
+        (1, "on_demand"),
+        (1, "spot"),
+        (2, "on_demand"),
+        (2, "spot"),
+    ]
+    assert len(rows) == 14
+    od8 = next(r for r in rows if (r["devices"], r["market"]) == (8, "on_demand"))
+    assert od8["wall_h"] == pytest.approx(3750 / 3600, rel=1e-12)
+    assert od8["cost_usd"] == pytest.approx(3750 / 3600 * 11.06 * 8, rel=1e-12)  # $92.17
+    assert od8["mtbf_h"] is None and od8["interval_min"] is None  # infinite -> null
+    picks = out["picks"]
+    # cheapest overall: on-demand with linear scaling costs the same at every N ($92.17); spot N=1 is $37.96
+    assert (picks["cheapest"]["devices"], picks["cheapest"]["market"]) == (1, "spot")
+    assert (picks["fastest"]["devices"], picks["fastest"]["market"]) == (64, "on_demand")
+    within = picks["cheapest_within_deadline"]
+    assert within["wall_h"] <= 2 and within["market"] == "spot"
+    assert min(r["cost_usd"] for r in rows if r["wall_h"] <= 2) == within["cost_usd"]
+    budget = picks["fastest_within_budget"]
+    assert budget["cost_usd"] <= 50
+    assert min(r["wall_h"] for r in rows if r["cost_usd"] <= 50) == budget["wall_h"]
+    assert out["inputs"]["scaling_law"] == "Amdahl s=0"
+    assert out["instance"]["name"] == "a3-highgpu-1g"
+    assert any(r["pareto"] for r in rows)
+
+
+def test_deadline_infeasible_exits_1_with_message(capsys):
+    # fastest: 30,000 s / 64 = 468.75 s = 0.13 h on-demand, which misses a 0.1 h deadline
+    code = main([*BASE, "--serial-fraction", "0", "--deadline-h", "0.1"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "No plan meets the deadline of 0.1 h" in out
+    assert "fastest achievable expected time is 0.13 h (N=64 on_demand" in out
+
+
+def test_budget_infeasible_exits_1(capsys):
+    code, out = _json(capsys, [*BASE, "--serial-fraction", "0", "--budget-usd", "10", "--json"])
+    assert code == 1
+    assert out["picks"]["fastest_within_budget"] is None
+    assert any(
+        "No plan fits the budget of $10.00: the cheapest achievable expected cost is $37.96" in m
+        for m in out["messages"]
+    )
+
+
+def test_real_cli_exit_code_and_table():
+    cmd = [sys.executable, "-m", "recipes.plan", *BASE, "--serial-fraction", "0.05", "--deadline-h", "0.1"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "No plan meets the deadline of 0.1 h" in proc.stdout
+    assert "E[wall] h" in proc.stdout and "a3-highgpu-1g" in proc.stdout
+
+
+def test_plot_writes_png(tmp_path, capsys):
+    png = tmp_path / "plan.png"
+    assert main([*BASE, "--serial-fraction", "0.05", "--plot", str(png)]) == 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert f"wrote {png}" in capsys.readouterr().out
+
+
+def test_aws_spot_needs_a_price(capsys):
+    argv = (
+        "--step-time 3 --steps 10000 --serial-fraction 0 --instance p5.48xlarge "
+        "--interruption-rate 0.05 --devices 8,16 --json"
+    ).split()
+    code, out = _json(capsys, argv)
+    assert code == 0
+    assert [r["market"] for r in out["rows"]] == ["on_demand", "on_demand"]
+    assert "lacks a spot price for instance 'p5.48xlarge'" in out["messages"][0]
+    code, out = _json(capsys, [*argv, "--price-spot", "22"])
+    assert [(r["market"], r["price_per_h"]) for r in out["rows"]] == [
+        ("on_demand", 55.04),
+        ("spot", 22.0),
+        ("on_demand", 55.04),
+        ("spot", 22.0),
+    ]
+    # 16 devices = 2 instances of 8: 30,000 s / 16 = 1875 s x 2 x $55.04/h
+    assert out["rows"][2]["cost_usd"] == pytest.approx(1875 / 3600 * 2 * 55.04, rel=1e-12)
+
+
+def test_cpu_local_counts_one_device_per_machine(capsys):
+    argv = (
+        "--step-time 3 --steps 100 --serial-fraction 0 --instance cpu-local "
+        "--interruption-rate 0 --devices 1,4 --json"
+    ).split()
+    code, out = _json(capsys, argv)
+    assert code == 0
+    assert [(r["instances"], r["cost_usd"], r["wall_h"]) for r in out["rows"]] == [
+        (1, 0.0, 300 / 3600),
+        (1, 0.0, 300 / 3600),
+        (4, 0.0, 75 / 3600),
+        (4, 0.0, 75 / 3600),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--instance", "a9-megagpu"], "unknown instance 'a9-megagpu'"),
+        (["--price-on-demand", "-3"], "on_demand_usd_per_h=-3.0"),
+        (["--price-spot", "-1.5"], "spot_usd_per_h=-1.5"),
+        (["--interruption-rate", "1.0"], "interruption rate 1.0"),
+        (["--interruption-rate", "-0.2"], "interruption rate -0.2"),
+        (["--serial-fraction", "1.5"], "serial fraction 1.5"),
+        (["--step-time", "0"], "step time 0.0"),
+        (["--step-time", "-3"], "step time -3.0"),
+        (["--steps", "0"], "steps=0"),
+        (["--devices", "1,x"], "'x' is not an integer"),
+        (["--devices", "0,2"], "device count 0"),
+        (["--usl-a", "0.1"], "not both"),
+        (["--deadline-h", "-1"], "deadline -1.0"),
+        (["--catalog", "/nonexistent/prices.yaml"], "/nonexistent/prices.yaml"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_value(capsys, extra, named):
+    argv = [*BASE, "--serial-fraction", "0.05", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert named in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_no_scaling_law_exits_2(capsys):
+    assert main(BASE) == 2
+    assert "give a scaling law" in capsys.readouterr().err
