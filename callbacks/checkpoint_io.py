@@ -36,7 +36,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r}).")
-        size, sha256 = ckpt_store.atomic_write(path, lambda handle: torch.save(checkpoint, handle))
+        try:
+            size, sha256 = ckpt_store.atomic_write(path, lambda handle: torch.save(checkpoint, handle))
+        except OSError as err:  # ENOSPC, EDQUOT, EIO...: say what was kept, keep the errno
+            raise OSError(err.errno, f"could not write checkpoint {path} ({err.strerror or err}); "
+                                     "nothing was replaced: the previous checkpoints are intact") from err
         ckpt_store.write_record(
             path,
             global_step=checkpoint.get("global_step", 0),

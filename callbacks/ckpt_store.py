@@ -227,16 +227,20 @@ def prune(directory: str | os.PathLike, pattern: str, keep: int) -> list[Path]:
     for path in good[keep:]:
         remove(path)
         removed.append(path)
-    if good:
+    if not good:
+        return removed
+    try:
         newest_time = meta_path(good[0]).stat().st_mtime
-        for path in directory.glob(pattern):
-            if path.name.endswith(META_SUFFIX) or meta_path(path).exists():
-                continue
-            if path.stat().st_mtime < newest_time:
-                remove(path)
-                removed.append(path)
-        for tmp in directory.glob(".*.tmp-*"):  # files of writers killed mid-save
-            if tmp.stat().st_mtime < newest_time:
-                tmp.unlink(missing_ok=True)
-                removed.append(tmp)
+    except FileNotFoundError:  # pruned concurrently by another process
+        return removed
+    debris = [p for p in directory.glob(pattern) if not p.name.endswith(META_SUFFIX)]
+    debris += list(directory.glob(".*.tmp-*"))  # files of writers killed mid-save
+    for path in debris:
+        try:
+            stale = not meta_path(path).exists() and path.stat().st_mtime < newest_time
+        except FileNotFoundError:  # published or removed meanwhile
+            continue
+        if stale:
+            remove(path)
+            removed.append(path)
     return removed

@@ -78,6 +78,9 @@ class LogModel(Callback):
             return
         datamodule: Any = trainer.datamodule
         example = datamodule.example_input() if hasattr(datamodule, "example_input") else None
+        if example is not None and example.shape[0] == 1:
+            # torch.export specializes a batch dimension of size 1: show it a batch of 2 to keep it dynamic
+            example = torch.cat([example, example])
         uri = getattr(logger, "_tracking_uri", None) or mlflow.get_tracking_uri()
         mlflow.set_tracking_uri(uri)
         info = self._log(model, logger.run_id, example)

@@ -168,7 +168,7 @@ class NoticePoller:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.timeout_s + 1.0)
+            self._thread.join(timeout=0.5)  # a daemon: a request still hanging dies with the process
 
     def _run(self) -> None:
         check = CHECKS[self.provider]

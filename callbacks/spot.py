@@ -99,6 +99,7 @@ class SpotCheckpoint(Callback):
             ``aws``, ``gcp``, ``azure`` or ``none`` (signals only).
         metadata_url: base URL of the metadata service (default: the provider's own).
         poll_interval_s: seconds between metadata polls.
+        metadata_timeout_s: timeout of one metadata request (it never blocks training).
         signals: signal names that count as a notice.
         every_n_steps: also save every this many optimizer steps (``None``: not by steps).
         every_minutes: also save every this many minutes of training (``None``: not by time).
@@ -126,6 +127,7 @@ class SpotCheckpoint(Callback):
         provider: Literal["auto", "aws", "gcp", "azure", "none"] = "none",
         metadata_url: str | None = None,
         poll_interval_s: float = 5.0,
+        metadata_timeout_s: float = 1.0,
         signals: list[str] | None = None,
         every_n_steps: int | None = None,
         every_minutes: float | None = None,
@@ -153,6 +155,7 @@ class SpotCheckpoint(Callback):
         self.provider = provider
         self.metadata_url = metadata_url
         self.poll_interval_s = poll_interval_s
+        self.metadata_timeout_s = metadata_timeout_s
         self.signals = signals
         self.every_n_steps = every_n_steps
         self.every_minutes = every_minutes
@@ -174,7 +177,8 @@ class SpotCheckpoint(Callback):
         self.notice: notices.Notice | None = None
         self._notice_time: float | None = None
         self._flag = threading.Event()
-        self._previous_handlers: dict[int, Any] = {}
+        self._original_handlers: dict[int, Any] = {}
+        self._active = False
         self._poller: notices.NoticePoller | None = None
         self._pending_rng: list[dict[str, Any]] | None = None
         self._last_save_time = time.monotonic()
@@ -189,21 +193,35 @@ class SpotCheckpoint(Callback):
             self._flag.set()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.notify(notices.Notice("signal", signal.Signals(signum).name))
+        if self._active:
+            self.notify(notices.Notice("signal", signal.Signals(signum).name))
+            return
+        # after teardown (Lightning may re-install this handler when it restores its own): act as before
+        previous = self._original_handlers.get(signum, signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+            os.kill(os.getpid(), signum)
 
     def install_signal_handlers(self) -> None:
         """Make the configured signals set the notice flag (and nothing else)."""
         if threading.current_thread() is not threading.main_thread():
             return
+        self._active = True
         for name in self.signals:
             signum = _SIGNALS[name]
             previous = signal.signal(signum, self._on_signal)
-            self._previous_handlers.setdefault(signum, previous)
+            if previous is not self._on_signal:
+                self._original_handlers.setdefault(signum, previous)
 
     def restore_signal_handlers(self) -> None:
-        for signum, handler in self._previous_handlers.items():
+        """Give the signals back to the handlers found at install time."""
+        self._active = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, handler in self._original_handlers.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous_handlers = {}
 
     def _start_poller(self, trainer: Trainer) -> None:
         provider = self.provider
@@ -215,7 +233,8 @@ class SpotCheckpoint(Callback):
                 log.info("SpotCheckpoint(provider='auto'): no cloud metadata service answers; signals only.")
                 return
             provider = detected
-        self._poller = notices.NoticePoller(provider, self.notify, self.metadata_url, self.poll_interval_s)
+        self._poller = notices.NoticePoller(provider, self.notify, self.metadata_url, self.poll_interval_s,
+                                             self.metadata_timeout_s)
         self._poller.start()
 
     def _should_stop(self, trainer: Trainer) -> bool:
@@ -409,6 +428,7 @@ class SpotCheckpoint(Callback):
         if self._poller is not None:
             self._poller.stop()
             self._poller = None
+        self.restore_signal_handlers()
         io = trainer.strategy.checkpoint_io
         if isinstance(io, AsyncCheckpointIO):
             io.teardown()

@@ -369,6 +369,6 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
         return USAGE_EXIT_CODE
     try:
         return cli.fit()
-    except (UsageError, MisconfigurationException, FileNotFoundError) as err:
+    except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT_CODE

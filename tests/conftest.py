@@ -1,0 +1,60 @@
+"""Shared test helpers: run the CLI as a user does (a real subprocess) against a sqlite MLflow store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+def cli_env(workdir: Path, **extra: str) -> dict[str, str]:
+    """Environment of a CLI subprocess: the repo importable, MLflow in ``workdir/mlflow.db``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATSCALE_", "SLURM_", "MLFLOW_"))}
+    env.update({
+        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
+        "PYTHONPATH": str(REPO),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+    })
+    env.update(extra)
+    return env
+
+
+def fit_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "recipes.fit", *args]
+
+
+def run_fit(workdir: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None,
+            check: bool = False) -> subprocess.CompletedProcess:
+    """``python -m recipes.fit ARGS`` in ``workdir``; output captured as text."""
+    result = subprocess.run(fit_command(*args), cwd=workdir, env=env or cli_env(workdir),
+                            capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
+    return result
+
+
+def client_for(workdir: Path) -> mlflow.MlflowClient:
+    return mlflow.MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+
+
+def runs_of(workdir: Path, experiment: str) -> list:
+    client = client_for(workdir)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+# Small, fast variants of the digits recipe for tests (the README's run uses the full config).
+FAST = ("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return tmp_path

@@ -1,0 +1,50 @@
+"""Every shipped YAML parses, and ``--print_config`` output fed back with ``--config`` gives the same config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from callbacks.prices import load_catalog
+from tests.conftest import CONFIGS, cli_env
+
+RECIPES = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "prices.yaml")
+FRAGMENTS = sorted((CONFIGS / "strategy").glob("*.yaml")) + sorted((CONFIGS / "precision").glob("*.yaml"))
+
+
+def print_config(workdir: Path, *configs: Path | str) -> str:
+    args = [a for c in configs for a in ("--config", str(c))]
+    result = subprocess.run([sys.executable, "-m", "recipes.fit", *args, "--print_config"], cwd=workdir,
+                            env=cli_env(workdir), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_every_yaml_is_valid_yaml() -> None:
+    for path in CONFIGS.rglob("*.yaml"):
+        assert isinstance(yaml.safe_load(path.read_text()), dict), path
+
+
+def test_price_catalog_loads() -> None:
+    assert "cpu-local" in load_catalog(CONFIGS / "prices.yaml")
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_recipe_parses_and_print_config_round_trips(tmp_path: Path, recipe: Path) -> None:
+    printed = print_config(tmp_path, recipe)
+    assert yaml.safe_load(printed)["model"]["class_path"]
+    dumped = tmp_path / "printed.yaml"
+    dumped.write_text(printed)
+    assert print_config(tmp_path, dumped) == printed
+
+
+@pytest.mark.parametrize("fragment", FRAGMENTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fragment_composes_with_the_default_recipe(tmp_path: Path, fragment: Path) -> None:
+    printed = yaml.safe_load(print_config(tmp_path, CONFIGS / "digits.yaml", fragment))
+    for key, value in yaml.safe_load(fragment.read_text())["trainer"].items():
+        assert printed["trainer"][key] == value, key
+    assert printed["model"]["class_path"] == "recipes.classifier.ImageClassifier"

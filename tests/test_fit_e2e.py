@@ -1,0 +1,146 @@
+"""The default recipe end to end, as a user runs it: one device, DDP and FSDP on 2 CPU processes.
+
+One full run per strategy (module-scoped: they are the slowest tests), then many assertions on
+what each left behind: exit code, the single MLflow run, its params, metrics, artifacts and
+model, the checkpoint, and accuracy parity between strategies.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from callbacks import ckpt_store
+from datamodules.digits import DigitsDataModule
+from recipes.classifier import ImageClassifier
+from tests.conftest import CONFIGS, FAST, client_for, run_fit, runs_of
+
+STRATEGIES = {
+    "single": (),
+    "ddp": ("--config", str(CONFIGS / "strategy/ddp.yaml")),
+    "fsdp": ("--config", str(CONFIGS / "strategy/fsdp.yaml")),
+}
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, object]]:
+    """Run the digits recipe once per strategy, each in its own folder."""
+    out = {}
+    for name, extra in STRATEGIES.items():
+        workdir = tmp_path_factory.mktemp(name)
+        result = run_fit(workdir, "--config", str(CONFIGS / "digits.yaml"), *extra, "--run_name", name, *FAST)
+        out[name] = (workdir, result)
+    return out
+
+
+def _val_acc(workdir: Path) -> float:
+    (run,) = runs_of(workdir, "digits")
+    return run.data.metrics["val/acc"]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_exit_zero_and_one_finished_run(fitted: dict, strategy: str) -> None:
+    workdir, result = fitted[strategy]
+    assert result.returncode == 0, result.stderr[-4000:]
+    runs = runs_of(workdir, "digits")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == strategy
+    # the summary table names the run
+    assert run.info.run_id in result.stdout
+
+
+def test_single_device_reaches_target_accuracy(fitted: dict) -> None:
+    workdir, _ = fitted["single"]
+    (run,) = runs_of(workdir, "digits")
+    assert run.data.metrics["val/acc"] >= 0.975
+    assert run.data.metrics["baseline/linear_acc"] == pytest.approx(0.9667, abs=0.01)
+    assert run.data.metrics["baseline/majority_acc"] == pytest.approx(0.1, abs=0.005)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_distributed_accuracy_within_one_point_of_single(fitted: dict, strategy: str) -> None:
+    single = _val_acc(fitted["single"][0])
+    assert abs(_val_acc(fitted[strategy][0]) - single) <= 0.01
+
+
+def test_params_are_the_flattened_resolved_config(fitted: dict) -> None:
+    workdir, _ = fitted["single"]
+    (run,) = runs_of(workdir, "digits")
+    params = run.data.params
+    assert params["trainer.max_epochs"] == "20"
+    assert params["model.init_args.optimizer.init_args.lr"] == "0.003"
+    assert params["data.class_path"] == "datamodules.digits.DigitsDataModule"
+    assert params["seed_everything"] == "42"
+    assert params["experiment"] == "digits"
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_artifacts_config_manifest_and_model(fitted: dict, strategy: str) -> None:
+    workdir, _ = fitted[strategy]
+    (run,) = runs_of(workdir, "digits")
+    client = client_for(workdir)
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "manifest.json"} <= names
+    run_dir = workdir / "runs" / "digits" / strategy
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["world_size"] == (1 if strategy == "single" else 2)
+    assert manifest["seed"] == 42
+    assert manifest["data_fingerprint"] == DigitsDataModule().fingerprint()
+    assert manifest["versions"]["torch"] == torch.__version__
+    assert any(p.startswith("torch==") for p in manifest["packages"])
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["trainer"]["max_epochs"] == 20
+    mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+    models = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    assert [m.source_run_id for m in models] == [run.info.run_id]
+
+
+def _accuracy(model: torch.nn.Module) -> float:
+    dm = DigitsDataModule()
+    dm.setup("fit")
+    correct = 0
+    with torch.no_grad():
+        for x, y in dm.val_dataloader():
+            out = model(x)
+            out = out if isinstance(out, torch.Tensor) else torch.as_tensor(np.asarray(out))
+            correct += int((out.argmax(-1) == y).sum())
+    return correct / len(dm.val_set)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_logged_model_reproduces_val_accuracy(fitted: dict, strategy: str) -> None:
+    workdir, _ = fitted[strategy]
+    (run,) = runs_of(workdir, "digits")
+    mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+    (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    model = mlflow.pytorch.load_model(logged.model_uri)
+    assert _accuracy(model) == pytest.approx(run.data.metrics["val/acc"], abs=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_best_checkpoint_loads(fitted: dict, strategy: str) -> None:
+    workdir, _ = fitted[strategy]
+    ckpt_dir = workdir / "runs" / "digits" / strategy / "checkpoints"
+    best = ckpt_store.newest_good(ckpt_dir, "best-*")
+    assert best is not None
+    model = ImageClassifier.load_from_checkpoint(best.path, map_location="cpu", weights_only=False)
+    (run,) = runs_of(workdir, "digits")
+    history = client_for(workdir).get_metric_history(run.info.run_id, "val/acc")
+    assert _accuracy(model.eval()) == pytest.approx(max(m.value for m in history), abs=1e-6)
+
+
+def test_fsdp_checkpoint_is_a_sharded_directory_that_verifies(fitted: dict) -> None:
+    workdir, _ = fitted["fsdp"]
+    ckpt_dir = workdir / "runs" / "digits" / "fsdp" / "checkpoints"
+    latest = ckpt_store.newest_good(ckpt_dir, "step=*")
+    assert latest is not None and latest.path.is_dir()
+    assert latest.global_step == 20 * 23  # 20 epochs of ceil(1437 / 2 / 32) batches per rank
+    assert sorted(p.suffix for p in latest.path.glob("*.distcp")) == [".distcp", ".distcp"]

@@ -1,0 +1,148 @@
+"""Exact resume after real interruptions: the CLI as a subprocess, stopped by real SIGTERMs, relaunched.
+
+The final weights of an interrupted-and-resumed run must be bitwise equal (``torch.equal``, every
+tensor) to an uninterrupted run's, on one device and under DDP with 2 processes, and the MLflow
+record must be one run with a continuous step axis.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from callbacks import ckpt_store
+from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE
+from tests.conftest import CONFIGS, FAST, cli_env, client_for, fit_command, run_fit, runs_of
+
+EPOCHS = 3
+BASE = ("--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs", str(EPOCHS),
+        "--trainer.log_every_n_steps", "1", *FAST)
+DDP = ("--config", str(CONFIGS / "strategy/ddp.yaml"))
+
+
+def final_weights(workdir: Path, run_name: str) -> dict[str, torch.Tensor]:
+    record = ckpt_store.newest_good(workdir / "runs" / "digits" / run_name / "checkpoints", CHECKPOINT_PATTERN)
+    assert record is not None
+    return torch.load(record.path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"tensors differ: {different}"
+
+
+def step_axis(workdir: Path, key: str = "train/loss") -> list[int]:
+    (run,) = runs_of(workdir, "digits")
+    return sorted(m.step for m in client_for(workdir).get_metric_history(run.info.run_id, key))
+
+
+def relaunch_until_done(workdir: Path, *args: str, max_launches: int = 6) -> list[int]:
+    codes = []
+    for _ in range(max_launches):
+        result = run_fit(workdir, *args)
+        codes.append(result.returncode)
+        if result.returncode != REQUEUE_EXIT_CODE:
+            assert result.returncode == 0, result.stderr[-4000:]
+            return codes
+    raise AssertionError(f"not done after {max_launches} launches: {codes}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Uninterrupted runs, one device and DDP."""
+    out = {}
+    for name, extra in (("single", ()), ("ddp", DDP)):
+        workdir = tmp_path_factory.mktemp(f"ref-{name}")
+        run_fit(workdir, *BASE, *extra, "--run_name", "ref", check=True)
+        out[name] = workdir
+    return out
+
+
+@pytest.mark.parametrize(("strategy", "extra", "drills"), [
+    # seeded-random training steps, plus a stop during the validation of epoch 1
+    ("single", (), sorted(random.Random(0).sample(range(1, 45 * EPOCHS - 1), 2))),
+    ("ddp", DDP, sorted(random.Random(1).sample(range(1, 23 * EPOCHS - 1), 2))),
+])
+def test_interrupted_run_is_bitwise_identical(reference: dict, tmp_path: Path, strategy: str, extra: tuple,
+                                              drills: list[int]) -> None:
+    drill_args = ("--spot.drill_steps", str(drills), "--spot.drill_validation_epochs", "[1]")
+    codes = relaunch_until_done(tmp_path, *BASE, *extra, *drill_args, "--run_name", "spot")
+    assert codes == [REQUEUE_EXIT_CODE] * 3 + [0]  # two step drills and one in validation, then done
+    assert_bitwise_equal(final_weights(reference[strategy], "ref"), final_weights(tmp_path, "spot"))
+
+    runs = runs_of(tmp_path, "digits")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert step_axis(tmp_path) == step_axis(reference[strategy])  # continuous: no gap, no repeat
+    client = client_for(tmp_path)
+    interruptions = client.get_metric_history(runs[0].info.run_id, "spot/interruptions")
+    assert sorted(m.value for m in interruptions) == [1.0, 2.0, 3.0]
+    reaction = client.get_metric_history(runs[0].info.run_id, "spot/notice_to_saved_s")
+    assert len(reaction) == 3 and all(m.value > 0 for m in reaction)
+    lost = client.get_metric_history(runs[0].info.run_id, "spot/lost_steps")
+    assert {m.value for m in lost} == {0.0}
+
+
+def test_external_sigterm_mid_training(reference: dict, tmp_path: Path) -> None:
+    """A real SIGTERM from outside (as a scheduler sends it) at a seeded-random moment of training."""
+    run_dir = tmp_path / "runs" / "digits" / "ext"
+    proc = subprocess.Popen(fit_command(*BASE, "--run_name", "ext"), cwd=tmp_path, env=cli_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list((run_dir / "checkpoints").glob("step=*.meta.json")) and time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    time.sleep(random.Random(2).uniform(0.0, 0.5))  # somewhere in epoch 1
+    os.kill(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == REQUEUE_EXIT_CODE, stderr[-3000:]
+    relaunch_until_done(tmp_path, *BASE, "--run_name", "ext")
+    assert_bitwise_equal(final_weights(reference["single"], "ref"), final_weights(tmp_path, "ext"))
+    assert step_axis(tmp_path) == step_axis(reference["single"])
+
+
+def test_corrupt_newest_checkpoint_is_skipped_on_resume(tmp_path: Path) -> None:
+    args = (*BASE, "--run_name", "corrupt", "--spot.drill_steps", "[50]")
+    assert run_fit(tmp_path, *args).returncode == REQUEUE_EXIT_CODE
+    ckpt_dir = tmp_path / "runs" / "digits" / "corrupt" / "checkpoints"
+    newest = ckpt_store.newest_good(ckpt_dir, CHECKPOINT_PATTERN)
+    assert newest is not None and newest.global_step == 50
+    with open(newest.path, "r+b") as handle:  # flip bytes in the middle: same size, wrong hash
+        handle.seek(newest.size // 2)
+        handle.write(b"\x00" * 64)
+    result = run_fit(tmp_path, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fails its SHA-256 check" in result.stderr
+    assert "step=00000045.ckpt (step 45)" in result.stderr  # the epoch-end checkpoint before it
+
+
+def test_fresh_flag_starts_a_new_mlflow_run(tmp_path: Path) -> None:
+    args = (*BASE, "--run_name", "again", "--trainer.max_epochs", "1")
+    run_fit(tmp_path, *args, check=True)
+    run_fit(tmp_path, *args, "--fresh", "true", check=True)
+    runs = runs_of(tmp_path, "digits")
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+    assert len(list((tmp_path / "runs" / "digits" / "again").glob("checkpoints.before-*"))) == 1
+
+
+def test_slurm_requeue_is_called_after_the_notice_save(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'scontrol.log'}\n")
+    scontrol.chmod(0o755)
+    env = cli_env(tmp_path, SLURM_JOB_ID="4242", PATH=f"{bin_dir}:{os.environ['PATH']}")
+    result = run_fit(tmp_path, *BASE, "--run_name", "slurm", "--spot.drill_steps", "[5]",
+                     "--spot.signals", "[SIGUSR1, SIGTERM]", env=env)
+    assert result.returncode == REQUEUE_EXIT_CODE, result.stderr[-3000:]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    (run,) = runs_of(tmp_path, "digits")
+    assert run.info.status == "KILLED"  # resumable: the relaunch reopens it

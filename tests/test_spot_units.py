@@ -1,0 +1,279 @@
+"""Spot safety in one process: cloud notices over real HTTP on loopback, dead endpoints, write faults."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from callbacks import ckpt_store, notices
+from callbacks.checkpoint_io import AtomicCheckpointIO
+from callbacks.spot import CHECKPOINT_PATTERN, SpotCheckpoint, rng_state, set_rng_state
+from datamodules.digits import DigitsDataModule
+from recipes.classifier import ImageClassifier
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class FakeMetadata(BaseHTTPRequestHandler):
+    """Impersonates the AWS, GCP and Azure metadata services; raises a notice after ``flip_after`` polls."""
+
+    polls = 0
+    flip_after = 3
+    bad_headers: list[str] = []
+
+    def log_message(self, *args: object) -> None:  # keep test output quiet
+        pass
+
+    def _reply(self, status: int, body: bytes = b"") -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_PUT(self) -> None:
+        if self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+            return self._reply(200, b"TOKEN")
+        self._reply(400)
+
+    def do_GET(self) -> None:
+        cls = type(self)
+        cls.polls += 1
+        noticed = cls.polls > cls.flip_after
+        if self.path == "/latest/meta-data/spot/instance-action":
+            if self.headers.get("X-aws-ec2-metadata-token") != "TOKEN":
+                cls.bad_headers.append(self.path)
+                return self._reply(401)
+            body = json.dumps({"action": "terminate", "time": "2026-11-30T12:00:00Z"}).encode()
+            return self._reply(200, body) if noticed else self._reply(404)
+        if self.path == "/computeMetadata/v1/instance/preempted":
+            if self.headers.get("Metadata-Flavor") != "Google":
+                cls.bad_headers.append(self.path)
+                return self._reply(403)
+            return self._reply(200, b"TRUE" if noticed else b"FALSE")
+        if self.path == "/metadata/scheduledevents?api-version=2020-07-01":
+            if self.headers.get("Metadata") != "true":
+                cls.bad_headers.append(self.path)
+                return self._reply(400)
+            events = [{"EventId": "E1", "EventType": "Preempt", "NotBefore": "soon"}] if noticed else []
+            return self._reply(200, json.dumps({"DocumentIncarnation": 1, "Events": events}).encode())
+        self._reply(404)
+
+
+@pytest.fixture
+def metadata_server() -> Iterator[str]:
+    FakeMetadata.polls, FakeMetadata.bad_headers = 0, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeMetadata)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _trainer(tmp_path: Path, spot: SpotCheckpoint, max_epochs: int = 30) -> pl.Trainer:
+    return pl.Trainer(default_root_dir=tmp_path, max_epochs=max_epochs, callbacks=[spot],
+                      plugins=[AtomicCheckpointIO()], logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1,
+                      use_distributed_sampler=False)
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+def test_each_cloud_notice_saves_and_stops(tmp_path: Path, metadata_server: str, provider: str) -> None:
+    spot = SpotCheckpoint(provider=provider, metadata_url=metadata_server, poll_interval_s=0.01,
+                          dirpath=str(tmp_path / "ckpt"))
+    trainer = _trainer(tmp_path, spot)
+    trainer.fit(ImageClassifier(), datamodule=DigitsDataModule())
+    assert FakeMetadata.bad_headers == []
+    assert spot.interrupted and spot.notice is not None and spot.notice.source == provider
+    assert trainer.global_step < 30 * 45  # stopped early
+    record = ckpt_store.newest_good(tmp_path / "ckpt", CHECKPOINT_PATTERN)
+    assert record is not None and record.global_step == trainer.global_step
+    assert spot.interruptions == 1
+
+
+@pytest.mark.parametrize(("provider", "check"), [("aws", notices.check_aws), ("gcp", notices.check_gcp),
+                                                  ("azure", notices.check_azure)])
+def test_notice_checks_parse_each_provider(metadata_server: str, provider: str, check) -> None:
+    FakeMetadata.flip_after = 1
+    try:
+        assert check(metadata_server) is None
+        notice = check(metadata_server)
+    finally:
+        FakeMetadata.flip_after = 3
+    assert notice is not None and notice.source == provider
+    if provider == "aws":
+        assert notice.detail == "terminate at 2026-11-30T12:00:00Z"
+
+
+def test_hanging_endpoint_does_not_hold_up_training(tmp_path: Path) -> None:
+    """A metadata service that never answers: training finishes while the first poll still hangs."""
+    release = threading.Event()
+
+    class Hanging(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            release.wait(60)
+            self.send_response(503)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hanging)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    spot = SpotCheckpoint(provider="gcp", metadata_url=f"http://127.0.0.1:{server.server_address[1]}",
+                          metadata_timeout_s=120.0, dirpath=str(tmp_path / "ckpt"))
+    seen: dict[str, int] = {}
+
+    class PollerProbe(pl.Callback):
+        def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            assert spot._poller is not None
+            seen.update(polls=spot._poller.polls, failures=spot._poller.failures)
+
+    try:
+        trainer = _trainer(tmp_path, spot, max_epochs=2)
+        trainer.callbacks.append(PollerProbe())
+        trainer.fit(ImageClassifier(), datamodule=DigitsDataModule())
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+    assert trainer.global_step == 2 * 23 and not spot.interrupted  # 1437 samples, batches of 64
+    # every step ran while the one and only poll still waited for its answer
+    assert seen == {"polls": 1, "failures": 0}
+
+
+def test_unreachable_endpoint_warns_once_and_backs_off(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once we leave: connection refused
+    seen: list[notices.Notice] = []
+    poller = notices.NoticePoller("aws", seen.append, f"http://127.0.0.1:{port}", interval_s=0.01,
+                                  timeout_s=0.2, max_backoff_s=0.08)
+    waits: list[float] = []
+    original_wait = poller._stop.wait
+    poller._stop.wait = lambda t: (waits.append(t), original_wait(0))[1]  # record waits, don't sleep
+    with caplog.at_level(logging.WARNING, logger="callbacks.notices"):
+        poller.start()
+        deadline = time.monotonic() + 10
+        while poller.failures < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        poller.stop()
+    assert seen == []
+    assert poller.failures >= 6
+    assert waits[:4] == [0.02, 0.04, 0.08, 0.08]  # doubling, capped at max_backoff_s
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
+
+
+def test_signal_sets_flag_only_and_handler_is_restored(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    spot = SpotCheckpoint(drill_steps=[7], signals=["SIGTERM", "SIGUSR1"], dirpath=str(tmp_path / "ckpt"))
+    trainer = _trainer(tmp_path, spot, max_epochs=2)
+    trainer.fit(ImageClassifier(), datamodule=DigitsDataModule())
+    assert spot.interrupted and spot.notice == notices.Notice("signal", "SIGTERM")
+    assert trainer.global_step == 7  # the drill fires once 7 steps are done; that state is saved
+    assert signal.getsignal(signal.SIGUSR1) == before
+    state = torch.load(tmp_path / "ckpt" / "step=00000007.ckpt", weights_only=True)
+    assert state["callbacks"]["SpotCheckpoint"]["drills_fired"] == ["step:7"]
+    (rank0_rng,) = state["atscale"]["rng"]
+    assert sorted(rank0_rng) == ["numpy", "python", "torch"]
+
+
+def test_rng_state_round_trips_through_a_weights_only_checkpoint(tmp_path: Path) -> None:
+    import numpy as np
+
+    torch.manual_seed(3)
+    state = rng_state()
+    torch.save({"rng": state}, tmp_path / "rng.pt")
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"])
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+
+
+_WRITER = """
+import sys, torch
+from callbacks.checkpoint_io import AtomicCheckpointIO
+io, step = AtomicCheckpointIO(), 0
+while True:
+    step += 1
+    io.save_checkpoint({"w": torch.full((2_000_000,), float(step)), "global_step": step, "epoch": 0},
+                       f"{sys.argv[1]}/step={step:08d}.ckpt")
+    print(step, flush=True)
+"""
+
+
+def test_sigkill_during_checkpoint_writes_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
+    rng = random.Random(0)
+    for attempt in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], cwd=REPO,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        proc.stdout.readline()  # at least one checkpoint is complete
+        time.sleep(rng.uniform(0.0, 0.3))  # then somewhere inside a later write
+        proc.kill()
+        proc.wait()
+        record = ckpt_store.newest_good(tmp_path)
+        assert record is not None, f"attempt {attempt}: no good checkpoint left"
+        state = torch.load(record.path, weights_only=True)
+        assert state["global_step"] == record.global_step
+        assert torch.equal(state["w"], torch.full((2_000_000,), float(record.global_step)))
+
+
+def test_truncated_newest_checkpoint_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    io = AtomicCheckpointIO()
+    for step in (10, 20):
+        io.save_checkpoint({"w": torch.arange(1000), "global_step": step, "epoch": 0}, tmp_path / f"s{step}.ckpt")
+    with open(tmp_path / "s20.ckpt", "r+b") as handle:
+        handle.truncate(500)
+    with caplog.at_level(logging.WARNING):
+        record = ckpt_store.newest_good(tmp_path)
+    assert record is not None and record.global_step == 10
+    assert "s20.ckpt is truncated or changed (500 bytes" in caplog.text
+
+
+def test_full_disk_raises_a_clear_error_and_keeps_the_previous(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"w": torch.arange(1000), "global_step": 1, "epoch": 0}, tmp_path / "a.ckpt")
+
+    def full_disk(obj: object, handle) -> None:
+        handle.write(b"x" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"could not write checkpoint .*b\.ckpt \(No space left on device\)") as err:
+        io.save_checkpoint({"w": torch.arange(1000), "global_step": 2, "epoch": 0}, tmp_path / "b.ckpt")
+    monkeypatch.undo()
+    assert err.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt", "a.ckpt.meta.json"]  # no debris
+    record = ckpt_store.newest_good(tmp_path)
+    assert record is not None and record.global_step == 1
+    assert torch.equal(torch.load(record.path, weights_only=True)["w"], torch.arange(1000))
+
+
+def test_prune_keeps_newest_good_and_removes_debris(tmp_path: Path) -> None:
+    io = AtomicCheckpointIO()
+    for step in (1, 2, 3, 4):
+        io.save_checkpoint({"global_step": step, "epoch": 0}, tmp_path / f"step={step:08d}.ckpt")
+    orphan = tmp_path / "step=00000000.ckpt"  # a save killed before its record
+    orphan.write_bytes(b"partial")
+    import os
+
+    os.utime(orphan, (1, 1))
+    removed = ckpt_store.prune(tmp_path, CHECKPOINT_PATTERN, keep=2)
+    assert sorted(p.name for p in removed) == ["step=00000000.ckpt", "step=00000001.ckpt", "step=00000002.ckpt"]
+    assert [r.name for r in ckpt_store.candidates(tmp_path)] == ["step=00000004.ckpt", "step=00000003.ckpt"]
