@@ -89,6 +89,7 @@ def build_manifest(world_size: int, seed: int | None, data_fingerprint: str | No
         "platform": platform.platform(),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),  # the thread count can change float results on CPU
         "gpus": gpus,
         "world_size": world_size,
         "seed": seed,

@@ -92,7 +92,11 @@ class LogModel(Callback):
         status = client.get_run(run_id).info.status
         with mlflow.start_run(run_id=run_id):
             info = mlflow.pytorch.log_model(
-                model, name=self.name, input_example=None if example is None else example.numpy()
+                model,
+                name=self.name,
+                input_example=None if example is None else example.numpy(),
+                # the pt2 (torch.export) program needs torch alone; inferring requirements costs ~10 s
+                pip_requirements=mlflow.pytorch.get_default_pip_requirements(),
             )
         client.update_run(run_id, status=status)  # leaving the context ended the run; the logger ends it
         return info

@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from callbacks import ckpt_store, notices
@@ -282,11 +283,12 @@ class SpotCheckpoint(Callback):
         return path
 
     def _stop_on_notice(self, trainer: Trainer) -> None:
+        self.interruptions += 1  # before the save: the resumed run must know about this interruption
         self.save(trainer, wait=True)
         elapsed = time.monotonic() - (self._notice_time or time.monotonic())
-        self.interruptions += 1
         self.interrupted = True
         trainer.should_stop = True
+        trainer.limit_val_batches = 0  # Lightning validates on should_stop: not inside a notice window
         if trainer.is_global_zero:
             source = self.notice.source if self.notice else "peer"
             log.warning("Interruption notice (%s) -> checkpoint of step %d on disk in %.3f s; stopping.",
@@ -353,9 +355,9 @@ class SpotCheckpoint(Callback):
             client, run_id = getattr(logger, "experiment", None), getattr(logger, "run_id", None)
             if run_id is None or not hasattr(client, "get_metric_history"):
                 continue
-            for key in ("train/loss",):
-                steps = [m.step for m in client.get_metric_history(run_id, key)]
-                furthest = max([furthest, *steps])
+            # a metric logged after optimizer step k carries step k - 1 (Lightning counts from 0)
+            steps = [m.step + 1 for m in client.get_metric_history(run_id, "train/loss")]
+            furthest = max([furthest, *steps])
         return furthest - self._resumed_step
 
     @override
@@ -386,7 +388,7 @@ class SpotCheckpoint(Callback):
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking or not trainer.training:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
         if not self.interrupted and self._should_stop(trainer):
             self._stop_on_notice(trainer)

@@ -52,6 +52,9 @@ def stateful_train_loader(
         sampler=sampler,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
+        # its own generator: creating an iterator then draws no number from the global torch RNG, so
+        # the model's RNG stream does not depend on when a resumed run re-creates its iterators
+        generator=torch.Generator().manual_seed(seed + rank),
     )
 
 

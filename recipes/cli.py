@@ -55,6 +55,8 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 ENV_RUN_NAME = "ATSCALE_RUN_NAME"
 ENV_CKPT_PATH = "ATSCALE_CKPT_PATH"
 ENV_MLFLOW_RUN_ID = "ATSCALE_MLFLOW_RUN_ID"
+#: JSON object of tags for a new MLflow run (kept out of config.yaml, e.g. ``reproduces=<run id>``).
+ENV_RUN_TAGS = "ATSCALE_RUN_TAGS"
 #: Exit status for bad input (as jsonargparse uses for parse errors).
 USAGE_EXIT_CODE = 2
 _MAX_PARAM_LENGTH = 6000
@@ -86,6 +88,11 @@ def global_rank_from_env() -> int:
         if key in os.environ:
             return int(os.environ[key])
     return 0 if os.environ.get("LOCAL_RANK", "0") == "0" else int(os.environ["LOCAL_RANK"])
+
+
+def launched_by_parent() -> bool:
+    """Whether Lightning started this process as a further rank of a CLI process that decided the run."""
+    return int(os.environ.get("LOCAL_RANK", "0")) > 0 and ENV_RUN_NAME in os.environ
 
 
 def default_run_name() -> str:
@@ -226,7 +233,8 @@ class AtscaleCLI(LightningCLI):
         cfg = self.config
         check_devices(cfg.trainer)
         experiment = cfg.experiment
-        run_name = cfg.run_name or os.environ.get(ENV_RUN_NAME) or default_run_name()
+        inherited = os.environ.get(ENV_RUN_NAME) if launched_by_parent() else None
+        run_name = cfg.run_name or inherited or default_run_name()
         run_dir = Path(cfg.runs_root) / experiment / run_name
         tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
         check_tracking_server(tracking_uri)
@@ -243,7 +251,7 @@ class AtscaleCLI(LightningCLI):
 
     @staticmethod
     def _resolve_resume(cfg: Namespace, checkpoint_dir: Path) -> tuple[str | None, str | None]:
-        if ENV_CKPT_PATH in os.environ:  # a rank launched by the process that decided
+        if launched_by_parent():  # a rank launched by the process that decided
             return os.environ[ENV_CKPT_PATH] or None, os.environ.get(ENV_MLFLOW_RUN_ID) or None
         if cfg.ckpt_path:
             path = Path(cfg.ckpt_path)
@@ -281,6 +289,7 @@ class AtscaleCLI(LightningCLI):
                 run_name=ctx.run_name,
                 tracking_uri=ctx.tracking_uri,
                 run_id=ctx.mlflow_run_id,
+                tags=json.loads(os.environ.get(ENV_RUN_TAGS) or "{}") or None,
             )
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]

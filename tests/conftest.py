@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,26 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
 
+_TEMPLATE_DB: Path | None = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty, migrated MLflow sqlite store, made once: migrating a new one takes seconds."""
+    global _TEMPLATE_DB
+    template = tmp_path_factory.getbasetemp() / "mlflow-template.db"
+    mlflow.MlflowClient(f"sqlite:///{template}").search_experiments()
+    _TEMPLATE_DB = template
+    return template
+
+
 def cli_env(workdir: Path, **extra: str) -> dict[str, str]:
-    """Environment of a CLI subprocess: the repo importable, MLflow in ``workdir/mlflow.db``."""
+    """Environment of a CLI subprocess: the repo importable, MLflow in ``workdir/mlflow.db``.
+
+    The store starts as a copy of the session's migrated template when ``workdir`` has none.
+    """
+    if _TEMPLATE_DB is not None and not (workdir / "mlflow.db").exists():
+        shutil.copy(_TEMPLATE_DB, workdir / "mlflow.db")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATSCALE_", "SLURM_", "MLFLOW_"))}
     env.update({
         "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",

@@ -115,13 +115,18 @@ def test_corrupt_newest_checkpoint_is_skipped_on_resume(tmp_path: Path) -> None:
     ckpt_dir = tmp_path / "runs" / "digits" / "corrupt" / "checkpoints"
     newest = ckpt_store.newest_good(ckpt_dir, CHECKPOINT_PATTERN)
     assert newest is not None and newest.global_step == 50
-    with open(newest.path, "r+b") as handle:  # flip bytes in the middle: same size, wrong hash
+    with open(newest.path, "r+b") as handle:  # zero bytes in the middle: same size, wrong hash
         handle.seek(newest.size // 2)
         handle.write(b"\x00" * 64)
     result = run_fit(tmp_path, *args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "fails its SHA-256 check" in result.stderr
-    assert "step=00000045.ckpt (step 45)" in result.stderr  # the epoch-end checkpoint before it
+    assert "step=00000050.ckpt fails its SHA-256 check (corrupt); skipping it." in result.stderr
+    assert "-00000045.ckpt (step 45)." in result.stderr  # the epoch-end checkpoint before it
+    # steps 46-50 are redone, so the drill at step 50 strikes again; the next launch finishes
+    assert result.returncode == REQUEUE_EXIT_CODE, result.stderr[-3000:]
+    assert run_fit(tmp_path, *args).returncode == 0
+    (run,) = runs_of(tmp_path, "digits")
+    lost = client_for(tmp_path).get_metric_history(run.info.run_id, "spot/lost_steps")
+    assert sorted(m.value for m in lost) == [0.0, 0.0, 0.0, 5.0]  # 3 notice saves + 1 resume that redid 5 steps
 
 
 def test_fresh_flag_starts_a_new_mlflow_run(tmp_path: Path) -> None:
