@@ -1,0 +1,277 @@
+"""Gradient noise scale estimators (McCandlish et al. 2018, "An Empirical Model of Large-Batch
+Training", appendix A.1), as plain Python: no torch, no Lightning.
+
+The gradient of a batch of ``B`` examples is an unbiased estimate of the true gradient ``G`` with
+covariance ``Sigma / B`` (``Sigma``: the per-example gradient covariance), so its squared norm has
+expectation ``|G|^2 + tr(Sigma) / B``. Two batch sizes ``B_small < B_big`` with measured squared
+norms ``g_small``, ``g_big`` give unbiased estimates of both terms::
+
+    |G|^2     ~ (B_big * g_big - B_small * g_small) / (B_big - B_small)
+    tr(Sigma) ~ (g_small - g_big) / (1 / B_small - 1 / B_big)
+
+Each estimate from one step is noisy (``|G|^2`` can come out negative); the simple noise scale is the
+ratio of their exponential moving averages, ``B_simple = EMA(tr Sigma) / EMA(|G|^2)``. Training
+with batches well below ``B_simple`` wastes steps; well above it wastes examples (the critical batch
+size is about ``B_simple`` when the Hessian is well conditioned).
+
+Under DDP both norms come from one communication hook: :class:`NoiseScaleCommHook` sums each
+bucket's squared norm before and after the all-reduce. DDP allows one hook per module, so hooks are
+composed: :func:`add_comm_hook_wrapper` registers a single hook that runs a list of wrappers (kept on
+the DDP module) around the communicating base hook; any callback following that convention (timing,
+compression) can add its own. These need torch (imported when used), never Lightning.
+
+Example::
+
+    >>> grad_sq_norm_estimate(g_small=3.0, g_big=1.5, b_small=8, b_big=32)
+    1.0
+    >>> trace_sigma_estimate(g_small=3.0, g_big=1.5, b_small=8, b_big=32)
+    16.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+__all__ = [
+    "HOOK_BASE_ATTR",
+    "HOOK_CHAIN_ATTR",
+    "NoiseScaleCommHook",
+    "NoiseScaleEMA",
+    "add_comm_hook_wrapper",
+    "grad_sq_norm_estimate",
+    "suggest_batch_note",
+    "trace_sigma_estimate",
+]
+
+
+def _check_batches(b_small: float, b_big: float) -> None:
+    if not (b_small > 0 and b_big > b_small):
+        raise ValueError(f"batch sizes b_small={b_small!r}, b_big={b_big!r} must satisfy 0 < b_small < b_big.")
+
+
+def grad_sq_norm_estimate(g_small: float, g_big: float, b_small: float, b_big: float) -> float:
+    """Unbiased estimate of the true gradient's squared norm ``|G|^2``.
+
+    Args:
+        g_small: squared norm of a gradient averaged over ``b_small`` examples.
+        g_big: squared norm of a gradient averaged over ``b_big`` examples.
+        b_small: the small batch size (> 0).
+        b_big: the big batch size (> ``b_small``).
+
+    Raises:
+        ValueError: if not ``0 < b_small < b_big``.
+    """
+    _check_batches(b_small, b_big)
+    return (b_big * g_big - b_small * g_small) / (b_big - b_small)
+
+
+def trace_sigma_estimate(g_small: float, g_big: float, b_small: float, b_big: float) -> float:
+    """Unbiased estimate of ``tr(Sigma)``, the trace of the per-example gradient covariance.
+
+    Args: as :func:`grad_sq_norm_estimate`.
+
+    Raises:
+        ValueError: if not ``0 < b_small < b_big``.
+    """
+    _check_batches(b_small, b_big)
+    return (g_small - g_big) / (1.0 / b_small - 1.0 / b_big)
+
+
+@dataclass
+class NoiseScaleEMA:
+    """Exponential moving averages of the two estimates and their ratio, ``B_simple``.
+
+    The first update initialises both averages to its values (no zero bias to correct).
+
+    Args:
+        beta: weight of the past in each average, in [0, 1) (0.99: about the last 100 steps).
+
+    Raises:
+        ValueError: if ``beta`` is outside [0, 1).
+
+    Example::
+
+        ema = NoiseScaleEMA(beta=0.9)
+        ema.update(g_small=3.0, g_big=1.5, b_small=8, b_big=32)
+        ema.b_simple   # 16.0
+    """
+
+    beta: float = 0.99
+    grad_sq_norm: float | None = None
+    trace_sigma: float | None = None
+    updates: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.beta, (int, float)) and 0.0 <= self.beta < 1.0):
+            raise ValueError(f"NoiseScaleEMA(beta={self.beta!r}) must lie in [0, 1).")
+
+    def update(self, g_small: float, g_big: float, b_small: float, b_big: float) -> float:
+        """Fold in one step's squared norms; returns the new ``B_simple`` (nan while undefined)."""
+        g2 = grad_sq_norm_estimate(g_small, g_big, b_small, b_big)
+        tr = trace_sigma_estimate(g_small, g_big, b_small, b_big)
+        if self.grad_sq_norm is None or self.trace_sigma is None:
+            self.grad_sq_norm, self.trace_sigma = g2, tr
+        else:
+            self.grad_sq_norm = self.beta * self.grad_sq_norm + (1.0 - self.beta) * g2
+            self.trace_sigma = self.beta * self.trace_sigma + (1.0 - self.beta) * tr
+        self.updates += 1
+        return self.b_simple
+
+    @property
+    def b_simple(self) -> float:
+        """``EMA(tr Sigma) / EMA(|G|^2)``; nan before the first update or while ``EMA(|G|^2) <= 0``."""
+        if self.grad_sq_norm is None or self.trace_sigma is None or self.grad_sq_norm <= 0:
+            return math.nan
+        return self.trace_sigma / self.grad_sq_norm
+
+    def state_dict(self) -> dict[str, float | int | None]:
+        return {"beta": self.beta, "grad_sq_norm": self.grad_sq_norm, "trace_sigma": self.trace_sigma,
+                "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, float | int | None]) -> None:
+        self.grad_sq_norm = state.get("grad_sq_norm")  # type: ignore[assignment]
+        self.trace_sigma = state.get("trace_sigma")  # type: ignore[assignment]
+        self.updates = int(state.get("updates") or 0)
+
+
+def suggest_batch_note(b_simple: float, batch_used: int) -> str:
+    """One line comparing the measured noise scale with the batch size used.
+
+    Args:
+        b_simple: the measured ``B_simple`` (nan when it could not be estimated).
+        batch_used: the global batch size of the run (examples per optimizer step).
+    """
+    if not math.isfinite(b_simple) or b_simple <= 0:
+        return f"not estimated (batch used {batch_used}): the true gradient's norm was not resolved above the noise"
+    ratio = batch_used / b_simple
+    if ratio < 0.5:
+        verdict = "a larger batch (more devices) would still cut steps almost linearly"
+    elif ratio <= 2.0:
+        verdict = "the batch is near the critical size"
+    else:
+        verdict = "the batch is past the critical size: more examples per step buy few fewer steps"
+    return f"suggests a batch of ~{b_simple:,.0f} vs {batch_used:,} used: {verdict}"
+
+
+# ------------------------------------------------------------------ DDP comm hooks (torch, lazily)
+
+#: Attribute of a DDP module holding the comm hook wrappers composed by :func:`add_comm_hook_wrapper`.
+HOOK_CHAIN_ATTR = "_atscale_comm_hook_chain"
+#: Attribute of a DDP module holding the ``(hook, state)`` that communicates under the wrappers.
+HOOK_BASE_ATTR = "_atscale_comm_hook_base"
+HOOK_BASE_CHOSEN_ATTR = "_atscale_comm_hook_base_chosen"
+
+#: ``wrapper(bucket, inner) -> Future``: observe or transform a bucket around ``inner(bucket)``.
+CommHookWrapper = Callable[["dist.GradBucket", Callable[["dist.GradBucket"], "torch.futures.Future"]],
+                           "torch.futures.Future"]
+
+
+def _chained_hook(ddp_module: torch.nn.parallel.DistributedDataParallel,
+                  chain: list[CommHookWrapper]) -> Callable[..., torch.futures.Future]:
+    """The one hook registered on the DDP module: the wrappers, the last added outermost, around the
+    base hook (the mean all-reduce unless a caller chose another). A plain function without
+    annotations: DDP inspects the hook's signature and name."""
+
+    def bind(wrapper: CommHookWrapper, inner: Callable[[dist.GradBucket], torch.futures.Future]) -> Callable:
+        return lambda b: wrapper(b, inner)
+
+    def atscale_chained_comm_hook(state, bucket):
+        base, base_state = getattr(ddp_module, HOOK_BASE_ATTR)
+        call = partial(base, base_state)
+        for wrapper in chain:
+            call = bind(wrapper, call)
+        return call(bucket)
+
+    return atscale_chained_comm_hook
+
+
+def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel, wrapper: CommHookWrapper,
+                          base: tuple[Callable[..., torch.futures.Future], Any] | None = None) -> None:
+    """Compose ``wrapper`` into the DDP module's single communication hook.
+
+    The first caller registers a hook that runs every wrapper around a base hook that does the
+    communication (torch's ``allreduce_hook``, a mean, unless ``base`` says otherwise); later callers
+    only append theirs. Call it before the first backward (``on_train_start`` works).
+
+    Args:
+        ddp_module: the DDP-wrapped module (``trainer.strategy.model``).
+        wrapper: ``wrapper(bucket, inner) -> Future``; it must call ``inner(bucket)`` once and return a
+            future of the reduced bucket tensor (``inner(bucket).then(...)`` to see the result).
+        base: ``(hook, state)`` doing the communication, e.g. ``(fp16_compress_hook, process_group)``
+            or ``(powerSGD_hook, PowerSGDState(...))``; ``None`` keeps the current one.
+
+    Raises:
+        RuntimeError: if a hook that does not follow this convention is already registered, or if
+            ``base`` differs from a base another caller already chose.
+
+    Example::
+
+        def timed(bucket, inner):
+            start = time.perf_counter()
+            return inner(bucket).then(lambda fut: (print(time.perf_counter() - start), fut.value())[1])
+
+        add_comm_hook_wrapper(trainer.strategy.model, timed, base=(fp16_compress_hook, None))
+    """
+    chain = getattr(ddp_module, HOOK_CHAIN_ATTR, None)
+    if chain is None:
+        existing = [getattr(hook, "__qualname__", repr(hook)) for hook, _ in getattr(ddp_module, "_comm_hooks", [])]
+        if existing:
+            raise RuntimeError(f"the DDP module already has the comm hook {', '.join(existing)}, registered "
+                               "without callbacks.noise_scale_math.add_comm_hook_wrapper; DDP allows only one.")
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        chain = []
+        setattr(ddp_module, HOOK_BASE_ATTR, (allreduce_hook, None))
+        setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, False)
+        ddp_module.register_comm_hook(state=None, hook=_chained_hook(ddp_module, chain))
+        setattr(ddp_module, HOOK_CHAIN_ATTR, chain)
+    if base is not None:
+        current = getattr(ddp_module, HOOK_BASE_ATTR)
+        if getattr(ddp_module, HOOK_BASE_CHOSEN_ATTR) and current[0] is not base[0]:
+            raise RuntimeError(f"the DDP comm hook already communicates with {current[0].__name__}; "
+                               f"{base[0].__name__} cannot be used as well.")
+        setattr(ddp_module, HOOK_BASE_ATTR, base)
+        setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, True)
+    chain.append(wrapper)
+
+
+class NoiseScaleCommHook:
+    """Comm hook wrapper that sums each step's squared gradient norms before and after the all-reduce.
+
+    Use it through :func:`add_comm_hook_wrapper`; :meth:`pop` returns and resets the sums (over all
+    buckets since the last pop) as ``(local squared norm, reduced squared norm, buckets)``. The local
+    norm is this rank's; average it over ranks for the small-batch estimate.
+    """
+
+    def __init__(self) -> None:
+        self._local: list[Any] = []  # 0-d tensors on the gradients' device: no sync inside the hook
+        self._reduced: list[Any] = []
+
+    def __call__(self, bucket: dist.GradBucket,
+                 inner: Callable[[dist.GradBucket], torch.futures.Future]) -> torch.futures.Future:
+        self._local.append(bucket.buffer().detach().float().pow(2).sum())
+
+        def after(fut: torch.futures.Future) -> Any:
+            value = fut.value()
+            tensor = value[0] if isinstance(value, (list, tuple)) else value
+            self._reduced.append(tensor.detach().float().pow(2).sum())
+            return value
+
+        return inner(bucket).then(after)
+
+    def pop(self) -> tuple[float, float, int]:
+        import torch
+
+        local = float(torch.stack(self._local).sum()) if self._local else 0.0
+        reduced = float(torch.stack(self._reduced).sum()) if self._reduced else 0.0
+        buckets = len(self._local)
+        self._local, self._reduced = [], []
+        return local, reduced, buckets

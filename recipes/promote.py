@@ -1,0 +1,228 @@
+"""Promote the best run of an experiment to the MLflow Model Registry as ``champion``.
+
+Picks the FINISHED run with the best ``--metric``, refuses it unless it beats its baseline (by default
+the logistic regression the run logged as ``baseline/linear_acc``), registers the model the run logged
+(MLflow 3: the run's logged model, ``models:/<model_id>``) as a new version of ``--name`` and points
+the alias ``champion`` at it. Then anyone loads it by alias::
+
+    mlflow.pytorch.load_model("models:/digits@champion")
+
+Examples::
+
+    python -m recipes.promote --experiment digits --metric val/acc --mode max
+    python -m recipes.promote --experiment digits --metric val/loss --mode min --name digits-cnn --baseline none
+    python -m recipes.promote --experiment text --metric val/bpb --mode min --baseline baseline/unigram_bpb
+
+The tracking store is ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` (the registry needs a
+database store). Exit status: 0 promoted; 1 refused (no finished run, the best run does not beat its
+baseline, or it logged no model: the reason is printed); 2 bad input (unknown experiment or metric).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+
+import mlflow
+from mlflow.entities import Run, ViewType
+from mlflow.exceptions import MlflowException
+
+from recipes.cli import DEFAULT_TRACKING_URI, USAGE_EXIT_CODE, UsageError, check_tracking_server
+from recipes.compare import get_experiment
+
+__all__ = ["Promotion", "Refused", "best_run", "check_baseline", "check_baseline_kind", "logged_model_uri", "main",
+           "promote", "runs_with_metric"]
+
+REFUSED_EXIT_CODE = 1
+ALIAS = "champion"
+
+
+class Refused(Exception):
+    """The best run may not be promoted; the message says why."""
+
+
+@dataclass
+class Promotion:
+    """What was registered."""
+
+    name: str
+    version: str
+    alias: str
+    run_id: str
+    run_name: str
+    metric: str
+    value: float
+    baseline: str | None
+    baseline_value: float | None
+    model_uri: str
+    previous_version: str | None
+
+    @property
+    def load_uri(self) -> str:
+        return f"models:/{self.name}@{self.alias}"
+
+
+def runs_with_metric(client: mlflow.MlflowClient, experiment_id: str, experiment: str, metric: str) -> list[Run]:
+    """The experiment's runs that logged ``metric``.
+
+    Raises:
+        UsageError: no run of the experiment logged ``metric`` at all (the message lists what they logged).
+    """
+    runs = client.search_runs([experiment_id], run_view_type=ViewType.ACTIVE_ONLY, max_results=5000)
+    with_metric = [r for r in runs if metric in r.data.metrics]
+    if not with_metric:
+        logged = sorted({k for r in runs for k in r.data.metrics if not k.startswith("system/")})
+        raise UsageError(f"metric {metric!r} is not logged by any run of experiment {experiment!r} "
+                         f"(logged: {', '.join(logged) if logged else 'none'}).")
+    return with_metric
+
+
+def best_run(runs: list[Run], experiment: str, metric: str, mode: str) -> Run:
+    """The FINISHED run with the best final ``metric`` (the newest among equals).
+
+    Raises:
+        Refused: none of the runs finished.
+    """
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    if not finished:
+        states = ", ".join(sorted({r.info.status for r in runs}))
+        raise Refused(f"no FINISHED run of experiment {experiment!r} logged {metric} (their states: {states}).")
+    sign = 1.0 if mode == "max" else -1.0
+    return max(finished, key=lambda r: (sign * r.data.metrics[metric], r.info.start_time))
+
+
+def metric_kind(key: str) -> str:
+    """What a metric measures, from its last word: ``val/acc`` and ``baseline/linear_acc`` -> ``acc``."""
+    return key.rsplit("/", 1)[-1].rsplit("_", 1)[-1]
+
+
+def check_baseline_kind(metric: str, baseline: str | None) -> None:
+    """A baseline judges a metric of the same kind only (accuracy against accuracy, bpb against bpb).
+
+    Raises:
+        UsageError: naming both when they measure different things.
+    """
+    if baseline is not None and metric_kind(metric) != metric_kind(baseline):
+        raise UsageError(f"--baseline {baseline} measures {metric_kind(baseline)!r}, not {metric_kind(metric)!r} "
+                         f"like --metric {metric}: pick a baseline of the same kind, or --baseline none.")
+
+
+def check_baseline(run: Run, metric: str, mode: str, baseline: str | None) -> float | None:
+    """The baseline's value, after checking that the run beats it.
+
+    Raises:
+        Refused: the run did not log the baseline, or does not beat it (the message says by how much).
+    """
+    if baseline is None:
+        return None
+    name, value = run.info.run_name, run.data.metrics[metric]
+    if baseline not in run.data.metrics:
+        raise Refused(f"run {name} ({run.info.run_id}) logged no {baseline}, so it cannot be checked against its "
+                      "baseline; pass --baseline none to promote without that check.")
+    base = run.data.metrics[baseline]
+    beats = value > base if mode == "max" else value < base
+    if not beats:
+        short = base - value if mode == "max" else value - base
+        raise Refused(f"run {name} ({run.info.run_id}) has {metric} {value:.4f}, which does not beat its {baseline} "
+                      f"{base:.4f} (short by {short:.4f}); not promoted.")
+    return base
+
+
+def logged_model_uri(client: mlflow.MlflowClient, run: Run, artifact: str = "model") -> str:
+    """The URI of the model the run logged as ``artifact`` (MLflow 3: ``models:/<model_id>``).
+
+    Raises:
+        Refused: the run logged no such model (an interrupted fit logs none).
+    """
+    candidates = client.search_logged_models(
+        experiment_ids=[run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
+    )
+    ready = [m for m in candidates if m.name == artifact and str(m.status).endswith("READY")]
+    if ready:
+        return max(ready, key=lambda m: m.creation_timestamp).model_uri
+    raise Refused(f"run {run.info.run_name} ({run.info.run_id}) logged no model named {artifact!r} "
+                  "(callbacks.mlflow_model.LogModel logs it when a fit completes).")
+
+
+def promote(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str, name: str,
+            baseline: str | None = "baseline/linear_acc", alias: str = ALIAS, tracking_uri: str = "") -> Promotion:
+    """Register the best finished run's model as a new version of ``name`` and alias it.
+
+    The registration goes through ``mlflow.register_model``, on the global tracking URI: set it to
+    the client's first (:func:`main` does).
+
+    Raises:
+        UsageError: unknown experiment or metric.
+        Refused: nothing may be promoted (the message says why).
+    """
+    exp = get_experiment(client, experiment, tracking_uri)
+    runs = runs_with_metric(client, exp.experiment_id, experiment, metric)
+    check_baseline_kind(metric, baseline)
+    run = best_run(runs, experiment, metric, mode)
+    base = check_baseline(run, metric, mode, baseline)
+    model_uri = logged_model_uri(client, run)
+    previous = None
+    try:
+        previous = str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        pass
+    value = run.data.metrics[metric]
+    tags = {"source_run_id": run.info.run_id, "experiment": experiment, metric: f"{value:.6g}"}
+    if baseline is not None and base is not None:
+        tags[baseline] = f"{base:.6g}"
+    version = mlflow.register_model(model_uri, name, tags=tags)
+    client.set_registered_model_alias(name, alias, version.version)
+    client.set_tag(run.info.run_id, "registered_as", f"{name}/{version.version}@{alias}")
+    return Promotion(name=name, version=str(version.version), alias=alias, run_id=run.info.run_id,
+                     run_name=run.info.run_name, metric=metric, value=value, baseline=baseline, baseline_value=base,
+                     model_uri=model_uri, previous_version=previous)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m recipes.promote", description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment", required=True, help="MLflow experiment name.")
+    parser.add_argument("--metric", default="val/acc", help="Metric that picks the best run. Default val/acc.")
+    parser.add_argument("--mode", choices=("max", "min"), default="max", help="Best is max (default) or min.")
+    parser.add_argument("--name", default=None, help="Registered model name (default: the experiment's name).")
+    parser.add_argument("--baseline", default="baseline/linear_acc",
+                        help="Metric the run must beat (default baseline/linear_acc); 'none' skips the check.")
+    parser.add_argument("--alias", default=ALIAS, help=f"Alias to point at the new version (default {ALIAS}).")
+    parser.add_argument("--json", action="store_true", help="Print the promotion as JSON.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    name = args.name or args.experiment
+    baseline = None if args.baseline.lower() == "none" else args.baseline
+    try:
+        check_tracking_server(uri)
+        mlflow.set_tracking_uri(uri)
+        result = promote(mlflow.MlflowClient(uri), args.experiment, args.metric, args.mode, name, baseline,
+                         args.alias, uri)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    except Refused as err:
+        print(f"refused: {err}", file=sys.stderr)
+        return REFUSED_EXIT_CODE
+    if args.json:
+        print(json.dumps({**asdict(result), "load_uri": result.load_uri}, indent=2))
+        return 0
+    vs = "" if result.baseline_value is None else \
+        f" (beats {result.baseline} {result.baseline_value:.4f} by {abs(result.value - result.baseline_value):.4f})"
+    print(f"Promoted run {result.run_name} ({result.run_id}): {result.metric} {result.value:.4f}{vs}")
+    print(f"Registered {result.model_uri} as {result.name!r} version {result.version}, alias {result.alias!r}"
+          + (f" (was version {result.previous_version})" if result.previous_version else ""))
+    print("Load it with:")
+    print(f"    import mlflow  # MLFLOW_TRACKING_URI={uri}")
+    print(f'    model = mlflow.pytorch.load_model("{result.load_uri}")')
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
