@@ -103,7 +103,12 @@ class SpotCheckpoint(Callback):
         metadata_timeout_s: timeout of one metadata request (it never blocks training).
         signals: signal names that count as a notice.
         every_n_steps: also save every this many optimizer steps (``None``: not by steps).
-        every_minutes: also save every this many minutes of training (``None``: not by time).
+        every_minutes: also save every this many minutes of training (``None``: not by time;
+            ``"auto"``: Daly's optimum from the measured save time and ``interruption_rate``).
+        interruption_rate: expected interruptions of one instance per ``rate_period_h`` (a
+            probability in [0, 1)); with the node count it gives the job's MTBF for ``"auto"``, and
+            a fixed ``every_minutes`` more than 2x away from the optimum draws a warning.
+        rate_period_h: the period of ``interruption_rate``, in hours.
         save_on_train_epoch_end: save at the end of every training epoch.
         keep: how many of this callback's newest checkpoints to keep.
         dirpath: where checkpoints go (default: the trainer's ModelCheckpoint directory).
@@ -131,7 +136,9 @@ class SpotCheckpoint(Callback):
         metadata_timeout_s: float = 1.0,
         signals: list[str] | None = None,
         every_n_steps: int | None = None,
-        every_minutes: float | None = None,
+        every_minutes: float | Literal["auto"] | None = None,
+        interruption_rate: float = 0.0,
+        rate_period_h: float = 1.0,
         save_on_train_epoch_end: bool = True,
         keep: int = 2,
         dirpath: str | None = None,
@@ -147,8 +154,14 @@ class SpotCheckpoint(Callback):
         unknown = [s for s in signals if s not in _SIGNALS]
         if unknown:
             raise ValueError(f"SpotCheckpoint(signals={unknown!r}): known signals are {sorted(_SIGNALS)}.")
-        for name, value in (("every_n_steps", every_n_steps), ("every_minutes", every_minutes),
-                            ("poll_interval_s", poll_interval_s), ("keep", keep)):
+        if every_minutes == "auto" and interruption_rate <= 0:
+            raise ValueError("SpotCheckpoint(every_minutes='auto') needs interruption_rate > 0 "
+                             f"(got {interruption_rate!r}) to derive the MTBF.")
+        if not 0.0 <= interruption_rate < 1.0:
+            raise ValueError(f"SpotCheckpoint(interruption_rate={interruption_rate!r}) must lie in [0, 1).")
+        fixed_minutes = None if every_minutes == "auto" else every_minutes
+        for name, value in (("every_n_steps", every_n_steps), ("every_minutes", fixed_minutes),
+                            ("poll_interval_s", poll_interval_s), ("keep", keep), ("rate_period_h", rate_period_h)):
             if value is not None and value <= 0:
                 raise ValueError(f"SpotCheckpoint({name}={value!r}) must be positive.")
         if not 0.0 <= drill_rate < 1.0:
@@ -160,6 +173,10 @@ class SpotCheckpoint(Callback):
         self.signals = signals
         self.every_n_steps = every_n_steps
         self.every_minutes = every_minutes
+        self.interruption_rate = interruption_rate
+        self.rate_period_h = rate_period_h
+        self.interval_s: float | None = None if every_minutes in (None, "auto") else 60.0 * float(every_minutes)
+        self._interval_checked = False
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.keep = keep
         self.dirpath = dirpath
@@ -266,6 +283,7 @@ class SpotCheckpoint(Callback):
 
     def save(self, trainer: Trainer, wait: bool) -> Path:
         """Save a checkpoint of the current step on every rank; ``wait`` for it to be on disk."""
+        started = time.monotonic()
         directory = self._dir(trainer)
         path = directory / f"step={trainer.global_step:08d}.ckpt"
         io = trainer.strategy.checkpoint_io
@@ -280,7 +298,27 @@ class SpotCheckpoint(Callback):
         if trainer.is_global_zero:  # a save still in flight is not counted: `keep` good ones remain
             ckpt_store.prune(directory, CHECKPOINT_PATTERN, self.keep)
         self._last_save_time = time.monotonic()
+        if not self._interval_checked and self.interruption_rate > 0:
+            self._choose_interval(trainer, save_cost_s=self._last_save_time - started)
         return path
+
+    def _choose_interval(self, trainer: Trainer, save_cost_s: float) -> None:
+        """Daly's interval from the first measured save (the stall training pays) and the job's MTBF."""
+        from callbacks.ckpt_interval import daly_interval, expected_overhead, interval_mismatch, mtbf_from_rate
+
+        self._interval_checked = True
+        save_cost_s = max(save_cost_s, 1e-3)
+        mtbf_s = mtbf_from_rate(self.interruption_rate, 3600.0 * self.rate_period_h, instances=trainer.num_nodes)
+        optimum_s = daly_interval(save_cost_s, mtbf_s)
+        if self.every_minutes == "auto":
+            self.interval_s = optimum_s
+        elif self.interval_s is not None and interval_mismatch(self.interval_s, optimum_s) > 2.0:
+            log.warning("SpotCheckpoint(every_minutes=%s) is more than 2x away from Daly's optimum of %.1f min "
+                        "(save %.2f s, MTBF %.1f h).", self.every_minutes, optimum_s / 60, save_cost_s, mtbf_s / 3600)
+        if trainer.is_global_zero and self.interval_s is not None:
+            overhead = expected_overhead(self.interval_s, save_cost_s, mtbf_s)
+            self._log(trainer, {"spot/interval_s": self.interval_s, "spot/optimal_interval_s": optimum_s,
+                                "spot/save_cost_s": save_cost_s, "spot/expected_overhead": overhead})
 
     def _stop_on_notice(self, trainer: Trainer) -> None:
         self.interruptions += 1  # before the save: the resumed run must know about this interruption
@@ -373,8 +411,7 @@ class SpotCheckpoint(Callback):
             self._stop_on_notice(trainer)
             return
         due_steps = self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0
-        due_time = (self.every_minutes is not None
-                    and time.monotonic() - self._last_save_time >= 60.0 * self.every_minutes)
+        due_time = self.interval_s is not None and time.monotonic() - self._last_save_time >= self.interval_s
         if due_steps or due_time:
             self.save(trainer, wait=False)
 

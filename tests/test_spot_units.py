@@ -277,3 +277,33 @@ def test_prune_keeps_newest_good_and_removes_debris(tmp_path: Path) -> None:
     removed = ckpt_store.prune(tmp_path, CHECKPOINT_PATTERN, keep=2)
     assert sorted(p.name for p in removed) == ["step=00000000.ckpt", "step=00000001.ckpt", "step=00000002.ckpt"]
     assert [r.name for r in ckpt_store.candidates(tmp_path)] == ["step=00000004.ckpt", "step=00000003.ckpt"]
+
+
+class _StubTrainer:
+    num_nodes = 1
+    is_global_zero = False
+
+
+def test_auto_interval_is_dalys_optimum_for_the_measured_save() -> None:
+    import math
+
+    per_hour = 1 - math.exp(-1 / 24)  # one interruption a day on average: MTBF 24 h
+    spot = SpotCheckpoint(every_minutes="auto", interruption_rate=per_hour)
+    spot._choose_interval(_StubTrainer(), save_cost_s=300.0)  # a 5-minute save
+    assert spot.interval_s is not None
+    assert spot.interval_s / 60 == pytest.approx(116.7, abs=0.05)  # Daly's published case
+
+
+def test_fixed_interval_far_from_optimum_warns(caplog: pytest.LogCaptureFixture) -> None:
+    import math
+
+    spot = SpotCheckpoint(every_minutes=10, interruption_rate=1 - math.exp(-1 / 24))
+    with caplog.at_level(logging.WARNING, logger="callbacks.spot"):
+        spot._choose_interval(_StubTrainer(), save_cost_s=300.0)
+    assert spot.interval_s == 600.0  # a fixed interval is kept
+    assert "more than 2x away from Daly's optimum of 116.7 min" in caplog.text
+
+
+def test_auto_interval_needs_an_interruption_rate() -> None:
+    with pytest.raises(ValueError, match="every_minutes='auto'.*interruption_rate > 0"):
+        SpotCheckpoint(every_minutes="auto")
