@@ -47,6 +47,7 @@ from callbacks.checkpoint_io import AtomicCheckpointIO
 from callbacks.manifest import Manifest
 from callbacks.mlflow_model import LogModel
 from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
+from callbacks.timing import StepTiming
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ ENV_CKPT_PATH = "ATSCALE_CKPT_PATH"
 ENV_MLFLOW_RUN_ID = "ATSCALE_MLFLOW_RUN_ID"
 #: JSON object of tags for a new MLflow run (kept out of config.yaml, e.g. ``reproduces=<run id>``).
 ENV_RUN_TAGS = "ATSCALE_RUN_TAGS"
+#: Set by ``recipes.scale``: the sweep's parent MLflow run, under which this run nests.
+ENV_PARENT_RUN_ID = "ATSCALE_MLFLOW_PARENT_RUN_ID"
 #: Exit status for bad input (as jsonargparse uses for parse errors).
 USAGE_EXIT_CODE = 2
 _MAX_PARAM_LENGTH = 6000
@@ -106,6 +109,14 @@ def default_run_name() -> str:
         raise UsageError("several processes were launched without a shared run name: pass --run_name NAME "
                          "(or torchrun --rdzv-id ID) so that every rank writes to the same run.")
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_tags() -> dict[str, str] | None:
+    """Tags for a new MLflow run from the environment: ``ATSCALE_RUN_TAGS`` (JSON) and a sweep's parent run."""
+    tags = json.loads(os.environ.get(ENV_RUN_TAGS) or "{}")
+    if os.environ.get(ENV_PARENT_RUN_ID):
+        tags["mlflow.parentRunId"] = os.environ[ENV_PARENT_RUN_ID]
+    return tags or None
 
 
 def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
@@ -218,6 +229,8 @@ class AtscaleCLI(LightningCLI):
                             help="Start over: set the run's old checkpoints aside and open a new MLflow run.")
         parser.add_argument("--async_checkpoint", type=bool, default=True,
                             help="Write periodic checkpoints in a background thread.")
+        parser.add_argument("--log_model", type=bool, default=True,
+                            help="Log the trained model to MLflow at the end (skip for sweeps and drills).")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.set_defaults({
             "checkpoint.monitor": "val/acc",
@@ -278,8 +291,12 @@ class AtscaleCLI(LightningCLI):
         config = dict(config)
         seed = self.config.get("seed_everything")
         extra: list[Callback] = [Manifest(ctx.run_dir, seed=seed if isinstance(seed, int) else None),
-                                 Baselines(metric=self.config.checkpoint.monitor or "val/acc"), LogModel()]
+                                 Baselines(metric=self.config.checkpoint.monitor or "val/acc")]
+        if self.config.log_model:
+            extra.append(LogModel())
         user_callbacks = list(config.get("callbacks") or []) + callbacks
+        if not any(isinstance(cb, StepTiming) for cb in user_callbacks):  # a config may bring its own
+            extra.append(StepTiming())
         if config.get("enable_progress_bar", True) is not False and not any(
                 isinstance(cb, ProgressBar) for cb in user_callbacks):
             extra.append(RichProgressBar(leave=True))
@@ -289,7 +306,7 @@ class AtscaleCLI(LightningCLI):
                 run_name=ctx.run_name,
                 tracking_uri=ctx.tracking_uri,
                 run_id=ctx.mlflow_run_id,
-                tags=json.loads(os.environ.get(ENV_RUN_TAGS) or "{}") or None,
+                tags=run_tags(),
             )
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]

@@ -305,5 +305,5 @@ def test_fixed_interval_far_from_optimum_warns(caplog: pytest.LogCaptureFixture)
 
 
 def test_auto_interval_needs_an_interruption_rate() -> None:
-    with pytest.raises(ValueError, match="every_minutes='auto'.*interruption_rate > 0"):
+    with pytest.raises(ValueError, match=r"every_minutes=.auto.*interruption_rate > 0"):
         SpotCheckpoint(every_minutes="auto")

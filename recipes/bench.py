@@ -1,0 +1,532 @@
+"""Benchmarks of the recipe's own costs: framework overhead and checkpoint stalls.
+
+What the full recipe costs over plain PyTorch and plain Lightning, on one model and data set
+trained three ways in one process (rounds interleaved, median taken)::
+
+    python -m recipes.bench overhead                     # MLP, ~50-100 ms steps on one CPU core
+    python -m recipes.bench overhead --hidden 2048 --rounds 5
+
+(a) a plain PyTorch loop, (b) plain Lightning with no extras (no logger, no checkpointing, no
+progress bar), (c) the full recipe: :class:`recipes.cli.AtscaleCLI` with every default callback
+(MLflow, spot safety, atomic async checkpoints, manifest, baselines, model logging, rich progress
+bar) plus :class:`callbacks.timing.StepTiming`. A fourth variant, plain Lightning + StepTiming alone, isolates
+that callback's cost (goal <= 1%). Throughput is measured between the end of the warm-up steps and
+the end of the last step; variants are interleaved round by round and the best round of each is
+compared (as ``timeit`` does: other load only ever slows a round down; medians are printed too).
+Goals: c/b >= 0.99, c/a >= 0.95.
+
+How long a periodic checkpoint stalls the training loop, synchronous versus asynchronous
+(Lightning's ``AsyncCheckpointIO`` around :class:`callbacks.checkpoint_io.AtomicCheckpointIO`), for a
+model with >= 100 MB of state, side by side::
+
+    python -m recipes.bench checkpoint                   # 2 x Linear(4096, 4096): 134 MB
+    python -m recipes.bench checkpoint --every 10 --steps 40
+
+The *blocked* stall is how long ``trainer.save_checkpoint`` held the loop (StepTiming's
+``time/checkpoint_s``); the *effective* stall adds what the background write cost the steps
+around it: (loop time with checkpoints - loop time without) / checkpoints. Goal: async <= 20% of
+sync. Both commands print a table and ``--json`` prints the figures; on CPU the benchmarks run
+with one torch thread (``--threads``) so repeated runs are comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from rich.console import Console
+from rich.table import Table
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
+
+from callbacks.checkpoint_io import AtomicCheckpointIO
+from callbacks.timing import StepTiming
+
+PROG = "python -m recipes.bench"
+#: Goals: full recipe vs plain Lightning, full recipe vs plain PyTorch, async vs sync checkpoint stall.
+GOAL_C_OVER_B = 0.99
+GOAL_C_OVER_A = 0.95
+GOAL_ASYNC_OVER_SYNC = 0.20
+MIN_STEP_S = 0.050
+#: The overhead benchmark's variants, in run order within each round.
+VARIANTS = {"a": "(a) plain PyTorch loop", "b": "(b) plain Lightning", "b+timing": "(b) + StepTiming only",
+            "c": "(c) full recipe + MLflow"}
+
+
+class UsageError(Exception):
+    """Bad command-line input: one line on stderr, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+# --------------------------------------------------------------------------- pure maths
+def window_throughput(step_ends: Sequence[float], samples_per_step: int, warmup: int) -> float:
+    """Samples/s from the end of step ``warmup`` to the end of the last step.
+
+    Args:
+        step_ends: clock reading at the end of every step, in order.
+        samples_per_step: samples in one step.
+        warmup: steps before the window (>= 1; their end opens it).
+
+    Returns:
+        ``(len(step_ends) - warmup) * samples_per_step / (step_ends[-1] - step_ends[warmup - 1])``.
+
+    Raises:
+        ValueError: if ``warmup < 1``, no step follows the warm-up, or the clock did not advance.
+    """
+    if warmup < 1 or len(step_ends) <= warmup:
+        raise ValueError(f"window_throughput: need warmup >= 1 and more than {warmup} steps "
+                         f"(got warmup={warmup}, {len(step_ends)} steps).")
+    elapsed = step_ends[-1] - step_ends[warmup - 1]
+    if elapsed <= 0:
+        raise ValueError(f"window_throughput: the clock did not advance ({elapsed!r} s).")
+    return (len(step_ends) - warmup) * samples_per_step / elapsed
+
+
+def overhead_ratios(plain_torch: float, plain_lightning: float, full_recipe: float) -> dict[str, Any]:
+    """Throughput ratios c/a and c/b and whether they meet the goals (>= 0.95, >= 0.99).
+
+    Args:
+        plain_torch: throughput of the plain PyTorch loop (a).
+        plain_lightning: throughput of plain Lightning (b).
+        full_recipe: throughput of the full recipe (c).
+
+    Returns:
+        ``{"c/a", "c/b", "c/a_ok", "c/b_ok", "overhead_vs_torch", "overhead_vs_lightning"}``
+        (overheads as fractions of time: ``a/c - 1`` and ``b/c - 1``).
+
+    Raises:
+        ValueError: if a throughput is not > 0.
+    """
+    for name, value in (("plain_torch", plain_torch), ("plain_lightning", plain_lightning),
+                        ("full_recipe", full_recipe)):
+        if not value > 0:
+            raise ValueError(f"overhead_ratios: `{name}={value!r}` must be > 0.")
+    c_a, c_b = full_recipe / plain_torch, full_recipe / plain_lightning
+    return {"c/a": c_a, "c/b": c_b, "c/a_ok": c_a >= GOAL_C_OVER_A, "c/b_ok": c_b >= GOAL_C_OVER_B,
+            "overhead_vs_torch": plain_torch / full_recipe - 1.0,
+            "overhead_vs_lightning": plain_lightning / full_recipe - 1.0}
+
+
+def checkpoint_stall(blocked_s: Sequence[float], loop_s: float, baseline_loop_s: float) -> dict[str, float]:
+    """Stall per checkpoint: blocked (in ``save_checkpoint``) and effective (loop time added).
+
+    Args:
+        blocked_s: seconds each save held the training loop.
+        loop_s: wall time of the measured steps with these saves.
+        baseline_loop_s: wall time of the same steps without any save.
+
+    Returns:
+        ``{"checkpoints", "blocked_s" (mean), "blocked_max_s", "effective_s"}``, where
+        ``effective_s = (loop_s - baseline_loop_s) / checkpoints``.
+
+    Raises:
+        ValueError: if there is no save or a time is negative.
+    """
+    if not blocked_s:
+        raise ValueError("checkpoint_stall: no checkpoint was saved in the measured window.")
+    if min(blocked_s) < 0 or loop_s < 0 or baseline_loop_s < 0:
+        raise ValueError("checkpoint_stall: times must be >= 0.")
+    n = len(blocked_s)
+    return {"checkpoints": n, "blocked_s": sum(blocked_s) / n, "blocked_max_s": max(blocked_s),
+            "effective_s": (loop_s - baseline_loop_s) / n}
+
+
+def async_over_sync(sync: dict[str, float], async_: dict[str, float]) -> dict[str, Any]:
+    """Async stall as a fraction of sync, blocked and effective, against the 20% goal."""
+    out: dict[str, Any] = {}
+    for key in ("blocked_s", "effective_s"):
+        ratio = async_[key] / sync[key] if sync[key] > 0 else float("nan")
+        out[key.replace("_s", "_ratio")] = ratio
+    out["ok"] = out["blocked_ratio"] <= GOAL_ASYNC_OVER_SYNC
+    return out
+
+
+# ------------------------------------------------------------------ model and data
+def mlp(features: int, hidden: int, layers: int, classes: int) -> nn.Sequential:
+    """``layers`` hidden Linear+ReLU blocks of width ``hidden``."""
+    blocks: list[nn.Module] = []
+    width = features
+    for _ in range(layers):
+        blocks += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    return nn.Sequential(*blocks, nn.Linear(width, classes))
+
+
+class BenchModule(pl.LightningModule):
+    """The benchmark's classifier: an MLP on random features, AdamW, as the recipes train.
+
+    Args:
+        features: input width.
+        hidden: hidden width.
+        layers: hidden layers.
+        classes: output classes.
+        lr: learning rate.
+        optimizer: ``adamw`` (as the recipes) or ``sgd`` (no optimizer state: the checkpoint is the weights).
+    """
+
+    def __init__(self, features: int = 1024, hidden: int = 1024, layers: int = 2, classes: int = 10,
+                 lr: float = 1e-3, optimizer: Literal["adamw", "sgd"] = "adamw") -> None:
+        super().__init__()
+        self.save_hyperparameters(logger=False)  # the recipe's LogModel rebuilds the module from them
+        self.net = mlp(features, hidden, layers, classes)
+        self.lr = lr
+        self.optimizer = optimizer
+
+    @override
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    @override
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    @override
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val/acc", (self(x).argmax(-1) == y).float().mean())
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.optimizer == "sgd":
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+def random_set(samples: int, features: int, classes: int, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(samples, features, generator=generator),
+                         torch.randint(0, classes, (samples,), generator=generator))
+
+
+class BenchData(pl.LightningDataModule):
+    """Random features and labels, generated once (the same for every variant).
+
+    Args:
+        steps: training batches per epoch.
+        batch_size: samples per batch.
+        features: input width.
+        classes: label count.
+    """
+
+    def __init__(self, steps: int = 40, batch_size: int = 256, features: int = 1024, classes: int = 10) -> None:
+        super().__init__()
+        self.steps, self.batch_size, self.features, self.classes = steps, batch_size, features, classes
+
+    @override
+    def setup(self, stage: str) -> None:
+        self.train_set = random_set(self.steps * self.batch_size, self.features, self.classes)
+        self.val_set = random_set(self.batch_size, self.features, self.classes, seed=1)
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size)
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.batch_size)
+
+    def example_input(self) -> torch.Tensor:
+        return self.val_set.tensors[0][:2]
+
+
+class Stopwatch(Callback):
+    """``time.perf_counter()`` at the end of every training batch."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.ends.append(time.perf_counter())
+
+
+# --------------------------------------------------------------------- overhead runs
+def run_plain_torch(args: argparse.Namespace) -> list[float]:
+    torch.manual_seed(42)
+    model = mlp(args.features, args.hidden, args.layers, 10)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = DataLoader(random_set(args.steps * args.batch_size, args.features, 10), batch_size=args.batch_size)
+    ends = []
+    model.train()
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ends.append(time.perf_counter())
+    return ends
+
+
+def run_plain_lightning(args: argparse.Namespace, root: Path, timing: bool = False) -> list[float]:
+    torch.manual_seed(42)
+    watch = Stopwatch()
+    callbacks: list[Callback] = [StepTiming(plot=False), watch] if timing else [watch]
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=args.steps, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, default_root_dir=root)
+    trainer.fit(BenchModule(args.features, args.hidden, args.layers),
+                datamodule=BenchData(args.steps, args.batch_size, args.features))
+    return watch.ends
+
+
+def run_full_recipe(args: argparse.Namespace, root: Path, index: int) -> list[float]:
+    from recipes.cli import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME, AtscaleCLI
+
+    for key in (ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME):
+        os.environ.pop(key, None)  # set by a previous in-process run
+    cli = AtscaleCLI(args=[
+        "--model", "recipes.bench.BenchModule", "--model.features", str(args.features),
+        "--model.hidden", str(args.hidden), "--model.layers", str(args.layers),
+        "--data", "recipes.bench.BenchData", "--data.steps", str(args.steps),
+        "--data.batch_size", str(args.batch_size), "--data.features", str(args.features),
+        "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.max_epochs", "1",
+        "--trainer.max_steps", str(args.steps), "--trainer.limit_val_batches", "1",
+        "--experiment", "bench-overhead", "--run_name", f"full-{time.strftime('%H%M%S')}-{index}",
+        "--runs_root", str(root / "runs")])
+    watch = Stopwatch()
+    if not any(isinstance(cb, StepTiming) for cb in cli.trainer.callbacks):
+        cli.trainer.callbacks.append(StepTiming())
+    cli.trainer.callbacks.append(watch)
+    with open(root / f"full-recipe-{index}.log", "w") as log_file, contextlib.redirect_stdout(log_file):
+        code = cli.fit()  # its progress bar and end table go to a file, as in a batch job
+    if code != 0:
+        raise RuntimeError(f"full recipe run exited with {code}")
+    return watch.ends
+
+
+def step_timing_cost_us(root: Path, steps: int = 300, rounds: int = 3) -> float:
+    """StepTiming's cost per step in microseconds: a trivial model's step time with it minus without (best of)."""
+    def run(timing: bool) -> float:
+        watch = Stopwatch()
+        callbacks: list[Callback] = [StepTiming(plot=False), watch] if timing else [watch]
+        trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=steps, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                          num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, default_root_dir=root)
+        data = DataLoader(random_set(steps, 4, 2), batch_size=1)
+        trainer.fit(BenchModule(features=4, hidden=4, layers=1, classes=2), train_dataloaders=data)
+        return (watch.ends[-1] - watch.ends[9]) / (steps - 10)
+
+    best = {False: math.inf, True: math.inf}
+    for _ in range(rounds):
+        for timing in (False, True):
+            best[timing] = min(best[timing], run(timing))
+    return (best[True] - best[False]) * 1e6
+
+
+def bench_overhead(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    samples = args.batch_size
+    results: dict[str, list[float]] = {key: [] for key in VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.out or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        for index in range(args.rounds):
+            runs = {"a": lambda: run_plain_torch(args), "b": lambda: run_plain_lightning(args, root),
+                    "b+timing": lambda: run_plain_lightning(args, root, timing=True),
+                    "c": lambda i=index: run_full_recipe(args, root, i)}
+            for key in VARIANTS:
+                ends = runs[key]()
+                if len(ends) != args.steps:
+                    raise RuntimeError(f"variant {key} ran {len(ends)} steps, expected {args.steps}")
+                results[key].append(window_throughput(ends, samples, args.warmup))
+                console.print(f"round {index + 1}/{args.rounds} ({key}): {results[key][-1]:,.1f} samples/s, "
+                              f"{samples / results[key][-1] * 1e3:.1f} ms/step", highlight=False)
+        cost_us = step_timing_cost_us(root)
+    best = {key: max(values) for key, values in results.items()}
+    median = {key: statistics.median(values) for key, values in results.items()}
+    return {"throughput": best, "median": median, "all": results,
+            "step_ms": {k: samples / v * 1e3 for k, v in best.items()},
+            "ratios": overhead_ratios(best["a"], best["b"], best["c"]),
+            "median_ratios": overhead_ratios(median["a"], median["b"], median["c"]),
+            "timing_cost": best["b"] / best["b+timing"] - 1.0, "timing_cost_us": cost_us,
+            "params": sum(p.numel() for p in mlp(args.features, args.hidden, args.layers, 10).parameters()),
+            "settings": {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "batch_size", "hidden",
+                                                       "layers", "features", "threads")}}
+
+
+def print_overhead(figures: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"Framework overhead — MLP with {figures['params'] / 1e6:.2f} M params, best of "
+                        f"{figures['settings']['rounds']} interleaved rounds")
+    for column in ("variant", "samples/s", "ms/step", "every round (samples/s)"):
+        table.add_column(column, justify="right" if column != "variant" else "left")
+    for key, name in VARIANTS.items():
+        table.add_row(name, f"{figures['throughput'][key]:,.1f}", f"{figures['step_ms'][key]:.2f}",
+                      ", ".join(f"{v:,.0f}" for v in figures["all"][key]))
+    console.print(table)
+    r, m = figures["ratios"], figures["median_ratios"]
+    console.print(f"c/a = {r['c/a']:.4f} (goal >= {GOAL_C_OVER_A}: {'met' if r['c/a_ok'] else 'MISSED'})   "
+                  f"c/b = {r['c/b']:.4f} (goal >= {GOAL_C_OVER_B}: {'met' if r['c/b_ok'] else 'MISSED'})   "
+                  f"[medians: c/a {m['c/a']:.4f}, c/b {m['c/b']:.4f}]", highlight=False)
+    step_us = figures["step_ms"]["b"] * 1e3
+    console.print(f"StepTiming alone: {figures['timing_cost']:+.2%} of plain Lightning's step time here; "
+                  f"measured on a trivial model it costs {figures['timing_cost_us']:.0f} us per step = "
+                  f"{figures['timing_cost_us'] / step_us:.2%} of this {step_us / 1e3:.0f} ms step (goal <= 1%).",
+                  highlight=False)
+    spread = max(max(v) / min(v) - 1 for v in figures["all"].values())
+    if spread > 0.02:
+        console.print(f"[yellow]note: rounds of one variant differ by up to {spread:.1%}: the machine is busy; "
+                      "ratios finer than that are noise (run with more --rounds on an idle machine)[/]")
+    if min(figures["step_ms"].values()) < MIN_STEP_S * 1e3:
+        console.print(f"[yellow]warning: steps under {MIN_STEP_S * 1e3:.0f} ms exaggerate fixed per-step costs; "
+                      "raise --hidden or --batch-size[/]")
+
+
+# ------------------------------------------------------------------- checkpoint runs
+def run_checkpointing(args: argparse.Namespace, root: Path, mode: str) -> dict[str, Any]:
+    """Train ``args.steps`` steps saving every ``args.every`` (``mode``: none, sync or async)."""
+    torch.manual_seed(42)
+    watch = Stopwatch()
+    timer = StepTiming(warmup_steps=args.warmup, plot=False, log_every_n_steps=args.steps)
+    callbacks: list[Callback] = [timer, watch]
+    plugins: list[Any] = []
+    dirpath = root / mode
+    if mode != "none":
+        callbacks.append(ModelCheckpoint(dirpath=dirpath, every_n_train_steps=args.every, save_top_k=1,
+                                         monitor=None, save_on_train_epoch_end=False, save_last=False))
+        plugins.append(AsyncCheckpointIO(AtomicCheckpointIO()) if mode == "async" else AtomicCheckpointIO())
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=args.steps, logger=False,
+                      enable_checkpointing=mode != "none", enable_progress_bar=False, enable_model_summary=False,
+                      num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, plugins=plugins or None,
+                      default_root_dir=root)
+    model = BenchModule(args.features, args.hidden, args.layers, optimizer="sgd")  # SGD: no optimizer state
+    trainer.fit(model, datamodule=BenchData(args.steps, args.batch_size, args.features))
+    # saves inside the measured window (after the warm-up, before the last step's end)
+    events = [seconds for step, seconds in timer.checkpoint_log if args.warmup < step < args.steps]
+    files = sorted(dirpath.glob("*.ckpt")) if mode != "none" else []
+    state_bytes = files[-1].stat().st_size if files else sum(
+        p.numel() * p.element_size() for p in model.parameters())
+    loop_s = watch.ends[-1] - watch.ends[args.warmup - 1]
+    return {"mode": mode, "loop_s": loop_s, "blocked": events, "state_bytes": state_bytes,
+            "step_ms": loop_s / (args.steps - args.warmup) * 1e3}
+
+
+def bench_checkpoint(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {"none": [], "sync": [], "async": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.out or tmp)
+        for index in range(args.rounds):
+            for mode in runs:
+                run = run_checkpointing(args, root / f"round{index}", mode)
+                runs[mode].append(run)
+                extra = f", saves held the loop {', '.join(f'{b:.3f}' for b in run['blocked'])} s" \
+                    if run["blocked"] else ""
+                console.print(f"round {index + 1}/{args.rounds} ({mode}): {run['step_ms']:.1f} ms/step{extra}",
+                              highlight=False)
+    baseline = statistics.median(r["loop_s"] for r in runs["none"])
+    stalls = {}
+    for mode in ("sync", "async"):
+        blocked = [b for r in runs[mode] for b in r["blocked"]]
+        loop = statistics.median(r["loop_s"] for r in runs[mode])
+        per_round = statistics.median(len(r["blocked"]) for r in runs[mode])
+        stall = checkpoint_stall(blocked, loop, baseline)
+        stall["effective_s"] = (loop - baseline) / per_round  # per save of one round
+        stalls[mode] = stall
+    return {"stalls": stalls, "ratio": async_over_sync(stalls["sync"], stalls["async"]),
+            "state_mb": runs["sync"][0]["state_bytes"] / 1e6, "baseline_step_ms": baseline /
+            (args.steps - args.warmup) * 1e3,
+            "settings": {k: getattr(args, k) for k in ("steps", "warmup", "every", "rounds", "batch_size",
+                                                       "hidden", "layers", "features", "threads")}}
+
+
+def print_checkpoint(figures: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"Checkpoint stall — {figures['state_mb']:.0f} MB checkpoint, "
+                        f"{figures['baseline_step_ms']:.1f} ms steps without saving")
+    for column in ("writer", "saves", "blocked per save", "max blocked", "effective per save"):
+        table.add_column(column, justify="right" if column != "writer" else "left")
+    for mode, name in (("sync", "sync (AtomicCheckpointIO)"), ("async", "async (AsyncCheckpointIO)")):
+        s = figures["stalls"][mode]
+        table.add_row(name, str(s["checkpoints"]), f"{s['blocked_s'] * 1e3:.1f} ms",
+                      f"{s['blocked_max_s'] * 1e3:.1f} ms", f"{s['effective_s'] * 1e3:.1f} ms")
+    console.print(table)
+    r = figures["ratio"]
+    console.print(f"async / sync: blocked {r['blocked_ratio']:.1%} (goal <= {GOAL_ASYNC_OVER_SYNC:.0%}: "
+                  f"{'met' if r['ok'] else 'MISSED'}), effective {r['effective_ratio']:.1%}", highlight=False)
+
+
+# --------------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    over = sub.add_parser("overhead", help="plain PyTorch vs plain Lightning vs the full recipe")
+    over.add_argument("--steps", type=int, default=40)
+    over.add_argument("--warmup", type=int, default=10)
+    over.add_argument("--rounds", type=int, default=3)
+    over.add_argument("--batch-size", dest="batch_size", type=int, default=256)
+    over.add_argument("--features", type=int, default=1024)
+    over.add_argument("--hidden", type=int, default=1536)
+    over.add_argument("--layers", type=int, default=2)
+    ckpt = sub.add_parser("checkpoint", help="periodic checkpoint stall, sync vs async")
+    ckpt.add_argument("--steps", type=int, default=40)
+    ckpt.add_argument("--warmup", type=int, default=5)
+    ckpt.add_argument("--every", type=int, default=10, help="save every this many steps")
+    ckpt.add_argument("--rounds", type=int, default=3)
+    ckpt.add_argument("--batch-size", dest="batch_size", type=int, default=8)
+    ckpt.add_argument("--features", type=int, default=4096)
+    ckpt.add_argument("--hidden", type=int, default=4096)
+    ckpt.add_argument("--layers", type=int, default=2)
+    for p in (over, ckpt):
+        p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
+        p.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)")
+        p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        for name in ("steps", "rounds", "batch_size", "hidden", "layers", "features", "threads", "warmup"):
+            if getattr(args, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
+        if args.steps <= args.warmup:
+            raise UsageError(f"--steps {args.steps} must exceed --warmup {args.warmup}")
+        if args.command == "checkpoint" and not 1 <= args.every < args.steps - args.warmup:
+            raise UsageError(f"--every {args.every}: needs at least one save after the {args.warmup} warm-up "
+                             f"steps of {args.steps}")
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    console = Console(stderr=args.json)
+    if args.command == "overhead":
+        figures = bench_overhead(args, console)
+        printer = print_overhead
+    else:
+        figures = bench_checkpoint(args, console)
+        printer = print_checkpoint
+    if args.json:
+        print(json.dumps(figures, indent=2, default=float))
+    else:
+        printer(figures, console)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""recipes.bench: the ratio and stall arithmetic by hand, the models' sizes, and bad input (no benchmark runs)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from recipes.bench import (
+    BenchModule,
+    async_over_sync,
+    build_parser,
+    checkpoint_stall,
+    main,
+    mlp,
+    overhead_ratios,
+    window_throughput,
+)
+
+
+def test_window_throughput_by_hand() -> None:
+    # steps end at 1.0, 1.1, 1.3, 1.6, 2.0 s; warm-up 2 -> 3 steps of 256 samples between 1.1 and 2.0 s
+    ends = [1.0, 1.1, 1.3, 1.6, 2.0]
+    assert window_throughput(ends, 256, warmup=2) == pytest.approx(3 * 256 / 0.9, rel=1e-12)
+    assert window_throughput(ends, 256, warmup=1) == pytest.approx(4 * 256 / 1.0, rel=1e-12)
+    with pytest.raises(ValueError, match="warmup=0"):
+        window_throughput(ends, 256, warmup=0)
+    with pytest.raises(ValueError, match="more than 5 steps"):
+        window_throughput(ends, 256, warmup=5)
+    with pytest.raises(ValueError, match="did not advance"):
+        window_throughput([1.0, 1.0], 8, warmup=1)
+
+
+def test_overhead_ratios_and_goals() -> None:
+    r = overhead_ratios(plain_torch=2000.0, plain_lightning=1960.0, full_recipe=1950.0)
+    assert r["c/a"] == pytest.approx(0.975, rel=1e-12)
+    assert r["c/b"] == pytest.approx(1950 / 1960, rel=1e-12)  # 0.99490
+    assert (r["c/a_ok"], r["c/b_ok"]) == (True, True)
+    assert r["overhead_vs_torch"] == pytest.approx(2000 / 1950 - 1, rel=1e-12)  # +2.56% time
+    slow = overhead_ratios(2000.0, 1960.0, 1800.0)
+    assert slow["c/a"] == pytest.approx(0.9, rel=1e-12) and not slow["c/a_ok"]
+    assert slow["c/b"] == pytest.approx(1800 / 1960, rel=1e-12) and not slow["c/b_ok"]
+    # exactly on the goals counts as met
+    edge = overhead_ratios(100.0, 96.0, 95.04)
+    assert edge["c/a"] == pytest.approx(0.9504) and edge["c/a_ok"] and edge["c/b_ok"]
+    with pytest.raises(ValueError, match="full_recipe=0"):
+        overhead_ratios(1.0, 1.0, 0)
+
+
+def test_checkpoint_stall_and_async_ratio_by_hand() -> None:
+    # sync: three saves hold the loop 0.30, 0.40, 0.20 s; the loop took 6.0 s vs 5.1 s without saving
+    sync = checkpoint_stall([0.30, 0.40, 0.20], loop_s=6.0, baseline_loop_s=5.1)
+    assert sync["checkpoints"] == 3
+    assert sync["blocked_s"] == pytest.approx(0.30, abs=1e-12)
+    assert sync["blocked_max_s"] == 0.40
+    assert sync["effective_s"] == pytest.approx(0.30, abs=1e-12)
+    # async: 45 ms clones, plus 15 ms per save of interference from the writer thread
+    async_ = checkpoint_stall([0.05, 0.04, 0.045], loop_s=5.28, baseline_loop_s=5.1)
+    assert async_["blocked_s"] == pytest.approx(0.045, abs=1e-12)
+    assert async_["effective_s"] == pytest.approx(0.06, abs=1e-12)
+    ratio = async_over_sync(sync, async_)
+    assert ratio["blocked_ratio"] == pytest.approx(0.15, abs=1e-12)
+    assert ratio["effective_ratio"] == pytest.approx(0.20, abs=1e-12)
+    assert ratio["ok"] is True
+    assert async_over_sync(sync, {"blocked_s": 0.09, "effective_s": 0.1})["ok"] is False  # 30% > 20%
+    assert math.isnan(async_over_sync({"blocked_s": 0.0, "effective_s": 0.0}, async_)["blocked_ratio"])
+    with pytest.raises(ValueError, match="no checkpoint"):
+        checkpoint_stall([], 1.0, 1.0)
+
+
+def test_benchmark_models_have_the_sizes_the_docs_claim() -> None:
+    # overhead: 1024 -> 1024 -> 1024 -> 10
+    overhead = mlp(1024, 1024, 2, 10)
+    assert sum(p.numel() for p in overhead.parameters()) == 1024 * 1024 + 1024 + 1024 * 1024 + 1024 + 10250
+    # checkpoint: 2 x Linear(4096, 4096) + head, fp32, SGD (no optimizer state) -> >= 100 MB
+    args = build_parser().parse_args(["checkpoint"])
+    params = sum(p.numel() for p in mlp(args.features, args.hidden, args.layers, 10).parameters())
+    assert params == 2 * (4096 * 4096 + 4096) + 4096 * 10 + 10
+    assert params * 4 >= 100e6  # 134.4 MB
+    assert BenchModule(optimizer="sgd").configure_optimizers().__class__.__name__ == "SGD"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["overhead", "--steps", "5", "--warmup", "10"], "--steps 5 must exceed --warmup 10"),
+    (["checkpoint", "--every", "40"], "--every 40: needs at least one save"),
+    (["overhead", "--rounds", "0"], "--rounds 0 must be >= 1"),
+    (["nonsense"], "invalid choice"),
+])
+def test_bad_input_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
