@@ -412,7 +412,9 @@ class SpotCheckpoint(Callback):
             return
         due_steps = self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0
         due_time = self.interval_s is not None and time.monotonic() - self._last_save_time >= self.interval_s
-        if due_steps or due_time:
+        # the run's last step: save here, because on_train_epoch_end already counts the epoch as done
+        final = trainer.max_steps > 0 and step >= trainer.max_steps
+        if due_steps or due_time or final:
             self.save(trainer, wait=False)
 
     @override
@@ -432,8 +434,11 @@ class SpotCheckpoint(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
-        if self.save_on_train_epoch_end and not self.interrupted:
-            self.save(trainer, wait=False)
+        if not self.save_on_train_epoch_end or self.interrupted:
+            return
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            return  # saved at the last batch's end
+        self.save(trainer, wait=False)
 
     @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: pl.LightningModule,

@@ -4,52 +4,93 @@ The 1,797 8x8 images ship inside scikit-learn, so the default recipe trains on a
 with no download. The train/val split is stratified and seeded, so it is the same on every
 rank and every relaunch.
 
-The training loader is a ``StatefulDataLoader`` over a ``StatefulDistributedSampler``: Lightning
-saves its position in every checkpoint, and a resumed run sees exactly the batches an
-uninterrupted run would have seen, on one device and under DDP alike (torch's plain
-``DistributedSampler`` does not keep its epoch in the loader state, so the rest of a resumed
-epoch would come from the wrong permutation).
+The training loader is a ``StatefulDataLoader`` over a :class:`PassSampler`: Lightning saves its
+position in every checkpoint, and a resumed run sees exactly the batches an uninterrupted run
+would have seen, on one device and under DDP alike, wherever the interruption fell (torch's
+plain ``DistributedSampler`` keeps no epoch in the loader state, and torchdata's stateful one
+takes its epoch from Lightning's counter, which is one ahead after some resumes).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
-from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+from typing_extensions import override
+
+
+class PassSampler(DistributedSampler):
+    """A shuffled, rank-sharded sampler that counts its own passes over the data and resumes inside one.
+
+    Pass ``p`` visits this rank's share of the permutation seeded with ``seed + p`` (exactly what
+    ``DistributedSampler`` yields in epoch ``p``). The state is ``{"epoch": p, "yielded": k}``; the
+    ``StatefulDataLoader`` saves and restores it, and a new iteration continues the current pass or,
+    once it is complete, starts the next one.
+
+    Why not torchdata's ``StatefulDistributedSampler``?
+    It saves only its position and takes the epoch from ``set_epoch``, that is from Lightning's epoch
+    counter, which after a resume is one ahead whenever the checkpoint was written in
+    ``on_train_epoch_end`` (Lightning counts the epoch as processed before that hook, also when
+    ``max_steps`` cut the epoch short); and a position saved at the end of an epoch carries over into
+    the next one, which then comes out empty. Counting passes here keeps the stream exact in both
+    cases, so ``set_epoch`` is ignored.
+    """
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+        self.yielded = 0
+
+    @override
+    def set_epoch(self, epoch: int) -> None:
+        """Ignored: the sampler counts its passes itself (see the class docstring)."""
+
+    @override
+    def __iter__(self) -> Iterator[int]:
+        if self.yielded >= self.num_samples:  # the previous pass is complete
+            self.epoch += 1
+            self.yielded = 0
+        indices = list(super().__iter__())
+        for index in indices[self.yielded:]:
+            self.yielded += 1
+            yield index
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "yielded": self.yielded}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.epoch = int(state_dict["epoch"])
+        self.yielded = int(state_dict["yielded"])
 
 
 def stateful_train_loader(
-    dataset: torch.utils.data.Dataset,
+    dataset: Dataset,
     batch_size: int,
     seed: int,
     trainer: pl.Trainer | None,
     num_workers: int = 0,
 ) -> StatefulDataLoader:
-    """Build a resumable, shuffled training loader sharded over the trainer's ranks.
+    """A resumable, shuffled training loader sharded over the trainer's ranks (one process without a trainer).
 
     Args:
         dataset: the training set.
         batch_size: samples per batch on each rank.
-        seed: seed of the shuffle; the permutation of epoch ``e`` is a function of ``seed + e``.
+        seed: seed of the shuffle; pass ``p`` over the data uses the permutation seeded ``seed + p``.
         trainer: the attached trainer (gives world size and rank); ``None`` means one process.
         num_workers: loader worker processes.
     """
     world_size = trainer.world_size if trainer is not None else 1
     rank = trainer.global_rank if trainer is not None else 0
-    sampler = StatefulDistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
-    )
     return StatefulDataLoader(
         dataset,
         batch_size=batch_size,
-        sampler=sampler,
+        sampler=PassSampler(dataset, world_size, rank, seed),
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         # its own generator: creating an iterator then draws no number from the global torch RNG, so
