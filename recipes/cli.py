@@ -44,6 +44,7 @@ from rich.table import Table
 from callbacks import ckpt_store
 from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO
+from callbacks.cost import CostTracker
 from callbacks.manifest import Manifest
 from callbacks.mlflow_model import LogModel
 from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
@@ -240,6 +241,7 @@ class AtscaleCLI(LightningCLI):
             "checkpoint.auto_insert_metric_name": False,
         })
         parser.add_lightning_class_args(SpotCheckpoint, "spot")
+        parser.add_lightning_class_args(CostTracker, "cost")
 
     # ------------------------------------------------------------ run context
     def before_instantiate_classes(self) -> None:

@@ -30,6 +30,27 @@ Examples::
     python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance p5.48xlarge \\
         --price-spot 22.0 --interruption-rate 0.05 --json
 
+From a finished run (``--run RUN_ID_OR_RUN_DIR``) the measured numbers replace ``--step-time`` and
+``--steps``: the run's MLflow record (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``) gives
+
+* the step time: StepTiming's run mean ``time/mean/step_s`` (compute only: checkpoints and validation
+  excluded), else the mean of its ``time/step_s`` windows, else the all-in wall duration (MLflow run
+  start to end) / steps. A run on ``W`` devices (``manifest.json``'s ``world_size``) measured the
+  step at N = W, so one device's step time is that times ``C(W)``;
+* the steps: the furthest step the run logged (and its newest checkpoint record, given a run
+  directory); ``--steps`` overrides;
+* the scaling law: ``--serial-fraction`` or ``--usl-a``/``--usl-b`` when given (the user's word wins),
+  else the fit of a ``recipes.scale`` parent run (``--scale-run``: USL when it fitted best, else
+  Amdahl), else the run's own ``amdahl/serial_fraction`` (StepTiming), else an error naming what is
+  missing.
+
+::
+
+    # what would this run cost on 1-64 H100s, on which market, done within 1 h?
+    python -m recipes.plan --run 3f2a...e1 --instance a3-highgpu-1g --interruption-rate 0.05 --deadline-h 1
+    python -m recipes.plan --run runs/digits/20250601-120000-ab12 --scale-run 9c0d...77 \
+        --instance a3-highgpu-8g --interruption-rate 0.05 --steps 100000 --json
+
 Exit status: 0 with a plan; 1 when no row meets ``--deadline-h`` or ``--budget-usd`` (the answer
 says so, naming the limit and the best achievable); 2 on bad input (one line on stderr naming the value).
 """
@@ -39,22 +60,32 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from callbacks import ckpt_store
 from callbacks.ckpt_interval import daly_interval, mtbf_from_rate
 from callbacks.cost_model import expected_run
 from callbacks.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from callbacks.scaling_laws import amdahl_speedup, usl_speedup
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 __all__ = [
     "DEFAULT_DEVICES",
     "PlanInputs",
     "PlanResult",
     "PlanRow",
+    "RunMeasurement",
     "main",
+    "measure_run",
     "plan",
     "print_table",
     "to_json",
@@ -479,6 +510,182 @@ def write_plot(result: PlanResult, path: str | Path) -> Path:
     return path
 
 
+# ---------------------------------------------------------------------------------- from a finished run
+
+STEP_MEAN_KEY = "time/mean/step_s"
+STEP_WINDOW_KEY = "time/step_s"
+SERIAL_KEY = "amdahl/serial_fraction"
+SCALE_SERIAL_KEY = "scale/amdahl_serial_fraction"
+SCALE_USL_KEYS = ("scale/usl_a", "scale/usl_b")
+BEST_LAW_TAG = "atscale.best_law"
+
+
+@dataclass(frozen=True)
+class RunMeasurement:
+    """What a finished run's record says about its speed, as the planner uses it.
+
+    Args:
+        run_id: The MLflow run.
+        run_dir: The run directory, when one was given.
+        measured_step_s: Seconds per step as measured, on ``world_size`` devices.
+        step_time_source: Where ``measured_step_s`` comes from, in words.
+        world_size: Devices the run trained on.
+        world_size_source: Where ``world_size`` comes from.
+        steps: The run's total optimizer steps.
+        steps_source: Where ``steps`` comes from.
+        serial_fraction: The run's own ``amdahl/serial_fraction``, or None when it logged none.
+    """
+
+    run_id: str
+    run_dir: str | None
+    measured_step_s: float
+    step_time_source: str
+    world_size: int
+    world_size_source: str
+    steps: int
+    steps_source: str
+    serial_fraction: float | None
+
+
+def _tracking_client() -> tuple[MlflowClient, str]:
+    """A client on ``MLFLOW_TRACKING_URI`` (else the CLI's default); mlflow is imported only here."""
+    import mlflow
+
+    from recipes.cli import DEFAULT_TRACKING_URI
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        raise ValueError(f"no MLflow store at {uri}: set MLFLOW_TRACKING_URI to the store that tracked the run.")
+    return mlflow.MlflowClient(tracking_uri=uri), uri
+
+
+def _get_run(client: MlflowClient, run_id: str, what: str, uri: str) -> Run:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        raise ValueError(f"unknown {what} {run_id!r}: no such MLflow run in {uri}.") from None
+
+
+def _newest_record(run_dir: Path) -> ckpt_store.CheckpointRecord | None:
+    """The run directory's newest checkpoint record (not hashed: records only are read)."""
+    directory = run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
+    for path in ckpt_store.candidates(directory):
+        record = ckpt_store.read_record(path, verify_hash=False)
+        if record is not None:
+            return record
+    return None
+
+
+def _manifest(client: MlflowClient, run: Run, run_dir: Path | None) -> dict | None:
+    """The run's ``manifest.json``: from the run directory, else its MLflow artifacts."""
+    places = [run_dir / "manifest.json"] if run_dir is not None else []
+    artifacts = run.info.artifact_uri or ""
+    local = "://" not in artifacts or artifacts.startswith("file://")
+    if local:
+        places.append(Path(artifacts.removeprefix("file://")) / "manifest.json")
+    for path in places:
+        if path.is_file():
+            return json.loads(path.read_text())
+    if local:
+        return None
+    try:  # a remote artifact store
+        with tempfile.TemporaryDirectory() as tmp:
+            return json.loads(Path(client.download_artifacts(run.info.run_id, "manifest.json", tmp)).read_text())
+    except Exception:  # no manifest logged: the caller says so
+        return None
+
+
+def _world_size(client: MlflowClient, run: Run, run_dir: Path | None) -> tuple[int, str]:
+    manifest = _manifest(client, run, run_dir)
+    if manifest and isinstance(manifest.get("world_size"), int) and manifest["world_size"] >= 1:
+        return manifest["world_size"], "manifest.json"
+    params = run.data.params
+    devices, nodes = params.get("trainer.devices", ""), params.get("trainer.num_nodes", "1")
+    if devices.isdigit() and nodes.isdigit() and int(devices) >= 1:
+        return int(devices) * int(nodes), "params trainer.devices x trainer.num_nodes"
+    return 1, f"assumed: no manifest.json and trainer.devices={devices or None!r}"
+
+
+def measure_run(client: MlflowClient, run: Run, run_dir: Path | None = None) -> RunMeasurement:
+    """Read a finished run's step time, steps and world size from its MLflow record (and run directory).
+
+    Args:
+        client: An ``mlflow.MlflowClient`` on the store that tracked the run.
+        run: The ``mlflow.entities.Run``.
+        run_dir: Its run directory, if known (its newest checkpoint record also gives the steps).
+
+    Returns:
+        The :class:`RunMeasurement` (see the module docstring for the order of preference).
+
+    Raises:
+        ValueError: If the run logged no steps, or has neither timing metrics nor an end time.
+    """
+    run_id = run.info.run_id
+    metrics = run.data.metrics
+    logged = 0
+    for key in metrics:
+        if not key.startswith("system/"):  # MLflow's system metrics count samples, not steps
+            logged = max([logged, *(m.step for m in client.get_metric_history(run_id, key))])
+    record = _newest_record(run_dir) if run_dir is not None else None
+    steps, steps_source = logged, "furthest step the run logged"
+    if record is not None and record.global_step >= steps:
+        steps_source = "newest checkpoint record" if record.global_step > steps else f"{steps_source} and checkpoint"
+        steps = record.global_step
+    if steps < 1:
+        raise ValueError(f"run {run_id} logged no training steps: give --steps and --step-time.")
+    if metrics.get(STEP_MEAN_KEY, 0) > 0:
+        measured, source = metrics[STEP_MEAN_KEY], f"{STEP_MEAN_KEY} (StepTiming's run mean)"
+    elif STEP_WINDOW_KEY in metrics:
+        values = [m.value for m in client.get_metric_history(run_id, STEP_WINDOW_KEY)]
+        measured, source = sum(values) / len(values), f"mean of {len(values)} {STEP_WINDOW_KEY} windows"
+    else:
+        if run.info.end_time is None:
+            raise ValueError(f"run {run_id} has not finished (status {run.info.status}) and logged no "
+                             f"{STEP_MEAN_KEY}: give --step-time.")
+        wall = (run.info.end_time - run.info.start_time) / 1000.0
+        measured, source = wall / steps, f"wall duration {wall:g} s / {steps} steps (MLflow run start to end)"
+    if not measured > 0:
+        raise ValueError(f"run {run_id}: measured step time {measured!r} s is not positive: give --step-time.")
+    world, world_source = _world_size(client, run, run_dir)
+    serial = metrics.get(SERIAL_KEY)
+    return RunMeasurement(run_id=run_id, run_dir=None if run_dir is None else str(run_dir),
+                          measured_step_s=float(measured), step_time_source=source, world_size=world,
+                          world_size_source=world_source, steps=int(steps), steps_source=steps_source,
+                          serial_fraction=None if serial is None else float(serial))
+
+
+def _resolve_run(client: MlflowClient, ref: str, uri: str) -> tuple[Run, Path | None]:
+    """``ref`` as a run directory (its checkpoint records name the MLflow run) or an MLflow run id."""
+    path = Path(ref)
+    if not path.is_dir():
+        return _get_run(client, ref, "run", uri), None
+    record = _newest_record(path)
+    run_id = record.extra.get("mlflow_run_id") if record is not None else None
+    if not run_id:
+        raise ValueError(f"run directory {ref!r} has no checkpoint record naming its MLflow run "
+                         "(checkpoints/*.meta.json): pass the MLflow run id instead.")
+    return _get_run(client, run_id, f"run (from {ref})", uri), path
+
+
+def _law_from_scale_run(client: MlflowClient, run_id: str, uri: str) -> tuple[dict[str, float], str]:
+    run = _get_run(client, run_id, "--scale-run", uri)
+    metrics, best = run.data.metrics, run.data.tags.get(BEST_LAW_TAG)
+    if best == "usl" and SCALE_USL_KEYS[0] in metrics:
+        law = {"usl_a": metrics[SCALE_USL_KEYS[0]], "usl_b": metrics.get(SCALE_USL_KEYS[1], 0.0)}
+        return law, f"USL fit of recipes.scale run {run_id} (best R²)"
+    if SCALE_SERIAL_KEY in metrics:
+        return {"serial_fraction": metrics[SCALE_SERIAL_KEY]}, f"Amdahl fit of recipes.scale run {run_id}"
+    raise ValueError(f"--scale-run {run_id} logged no {SCALE_SERIAL_KEY}: is it a recipes.scale parent run?")
+
+
+def _speedup(n: int, law: dict[str, float]) -> float:
+    if law.get("serial_fraction") is not None:
+        return float(amdahl_speedup(n, law["serial_fraction"]))
+    return float(usl_speedup(n, law.get("usl_a") or 0.0, law.get("usl_b") or 0.0))
+
+
 # ------------------------------------------------------------------------------------------------- CLI
 
 
@@ -487,12 +694,18 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m recipes.plan",
         description="Expected wall time and cost per device count and market (on-demand vs spot).",
     )
-    p.add_argument("--step-time", type=float, required=True, help="seconds per step on one device")
-    p.add_argument("--steps", type=int, required=True, help="steps in the run")
-    law = p.add_argument_group("scaling law (one of)")
+    p.add_argument("--run", metavar="RUN_ID_OR_RUN_DIR",
+                   help="plan from a finished run: its MLflow run id or run directory (measured step time, steps, "
+                        "scaling law)")
+    p.add_argument("--step-time", type=float,
+                   help="seconds per step on one device (required without --run; overrides the run's)")
+    p.add_argument("--steps", type=int, help="steps in the run (required without --run; overrides the run's)")
+    law = p.add_argument_group("scaling law (one of; with --run, else the run's amdahl/serial_fraction)")
     law.add_argument("--serial-fraction", type=float, help="Amdahl serial fraction s in [0, 1]")
     law.add_argument("--usl-a", type=float, help="USL contention coefficient a >= 0")
     law.add_argument("--usl-b", type=float, help="USL coherency coefficient b >= 0")
+    law.add_argument("--scale-run", metavar="RUN_ID",
+                     help="the fit logged by a recipes.scale parent run (USL if it fitted best, else Amdahl)")
     p.add_argument("--instance", required=True, help="instance name from the price catalog")
     p.add_argument("--catalog", help="price catalog YAML (default: configs/prices.yaml)")
     p.add_argument("--price-on-demand", type=float, help="override the on-demand USD per instance-hour")
@@ -535,18 +748,63 @@ def _parse_devices(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _inputs_from_args(args: argparse.Namespace) -> PlanInputs:
+def _explicit_law(args: argparse.Namespace) -> dict[str, float] | None:
+    law = {"serial_fraction": args.serial_fraction, "usl_a": args.usl_a, "usl_b": args.usl_b}
+    law = {k: v for k, v in law.items() if v is not None}
+    if law and args.scale_run:
+        flags = ", ".join(f"--{k.replace('_', '-')} {v:g}" for k, v in law.items())
+        raise ValueError(f"give either --scale-run {args.scale_run} or {flags}, not both.")
+    return law or None
+
+
+def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None]:
+    """The plan's inputs, and (with ``--run``) where the measured ones come from."""
     catalog = load_catalog(args.catalog)
     instance = with_overrides(get_instance(catalog, args.instance), args.price_on_demand, args.price_spot)
     if args.rate_period_h is None or not args.rate_period_h > 0:
         raise ValueError(f"--rate-period-h {args.rate_period_h!r} must be a positive number of hours.")
-    return PlanInputs(
-        step_time_s=args.step_time,
-        steps=args.steps,
+    law = _explicit_law(args)
+    law_source = "command line" if law else None
+    source = None
+    step_time, steps = args.step_time, args.steps
+    client = uri = None
+    if args.run or args.scale_run:
+        client, uri = _tracking_client()
+    if law is None and args.scale_run:
+        law, law_source = _law_from_scale_run(client, args.scale_run, uri)
+    if args.run:
+        run, run_dir = _resolve_run(client, args.run, uri)
+        measured = measure_run(client, run, run_dir)
+        if law is None and measured.serial_fraction is not None:
+            law, law_source = {"serial_fraction": measured.serial_fraction}, f"the run's {SERIAL_KEY}"
+        if law is None:
+            raise ValueError(f"no scaling law: run {measured.run_id} logged no {SERIAL_KEY}; give --scale-run "
+                             "PARENT_RUN_ID (a recipes.scale sweep), --serial-fraction S or --usl-a A --usl-b B.")
+        speedup = _speedup(measured.world_size, law)
+        source = asdict(measured)
+        source["run_serial_fraction"] = source.pop("serial_fraction")  # what the run measured, used or not
+        source.update(speedup_at_world_size=speedup, scaling_law_source=law_source)
+        if step_time is None:
+            step_time = measured.measured_step_s * speedup  # one device's step: C(W) times longer
+            source["step_time_source"] = measured.step_time_source
+        else:
+            source["step_time_source"] = "--step-time"
+        if steps is None:
+            steps = measured.steps
+        else:
+            source["steps_source"] = "--steps"
+        source["step_time_s"], source["steps"] = step_time, steps
+    for flag, value in (("--step-time", step_time), ("--steps", steps)):
+        if value is None:
+            raise ValueError(f"{flag} is required (or plan from a finished run with --run RUN_ID_OR_RUN_DIR).")
+    law = law or {}
+    inputs = PlanInputs(
+        step_time_s=step_time,
+        steps=steps,
         instance=instance,
-        serial_fraction=args.serial_fraction,
-        usl_a=args.usl_a,
-        usl_b=args.usl_b,
+        serial_fraction=law.get("serial_fraction"),
+        usl_a=law.get("usl_a"),
+        usl_b=law.get("usl_b"),
         interruption_rate=args.interruption_rate,
         rate_period_s=args.rate_period_h * 3600.0,
         save_cost_s=args.save_cost_s,
@@ -555,6 +813,19 @@ def _inputs_from_args(args: argparse.Namespace) -> PlanInputs:
         deadline_h=args.deadline_h,
         budget_usd=args.budget_usd,
     )
+    return inputs, source
+
+
+def _print_source(source: dict) -> None:
+    where = source["run_id"] + (f" ({source['run_dir']})" if source["run_dir"] else "")
+    world = source["world_size"]
+    per_device = (f" x C({world}) = {source['speedup_at_world_size']:.3f} -> {source['step_time_s']:.6g} s on one "
+                  "device" if world > 1 else "")
+    print(f"from run {where}:")
+    print(f"  step time  {source['measured_step_s']:.6g} s on {world} device(s) ({source['world_size_source']})"
+          f"{per_device} [{source['step_time_source']}]")
+    print(f"  steps      {source['steps']:,} [{source['steps_source']}]")
+    print(f"  scaling    {source['scaling_law_source']}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -568,15 +839,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     try:
-        inputs = _inputs_from_args(args)
+        inputs, source = _inputs_from_args(args)
     except (KeyError, ValueError, FileNotFoundError) as err:
         message = err.args[0] if err.args else str(err)
         print(f"error: {message}", file=sys.stderr)
         return 2
     result = plan(inputs)
     if args.json:
-        print(json.dumps(to_json(result), indent=2))
+        out = to_json(result)
+        if source is not None:
+            out["run"] = source
+        print(json.dumps(out, indent=2))
     else:
+        if source is not None:
+            _print_source(source)
         print_table(result)
     if args.plot:
         written = write_plot(result, args.plot)

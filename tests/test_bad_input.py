@@ -37,6 +37,8 @@ def _free_port() -> int:
     (("--data", "datamodules.vision.MNISTDataModule", "--data.init_args.root", "/no/such/folder",
       "--data.init_args.download", "false"), "/no/such/folder"),
     (("--spot.provider", "ibm"), "ibm"),
+    (("--cost.instance", "p9.mega"), "p9.mega"),
+    (("--cost.market", "spot", "--cost.instance", "p4d.24xlarge"), "p4d.24xlarge"),  # no spot price listed
 ])
 def test_bad_value_exits_2_naming_it(tmp_path: Path, args: tuple[str, ...], named: str) -> None:
     result = run_fit(tmp_path, *DIGITS, *args)

@@ -226,3 +226,15 @@ def test_bad_input_exits_2_naming_the_value(capsys, extra, named):
 def test_no_scaling_law_exits_2(capsys):
     assert main(BASE) == 2
     assert "give a scaling law" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("drop", "named"), [("--step-time", "--step-time is required"), ("--steps", "--steps is required")]
+)
+def test_explicit_mode_needs_step_time_and_steps(capsys, drop, named):
+    argv = [*BASE, "--serial-fraction", "0.05"]
+    i = argv.index(drop)
+    del argv[i : i + 2]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert named in err and "--run RUN_ID_OR_RUN_DIR" in err

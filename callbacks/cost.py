@@ -1,0 +1,430 @@
+"""What a run costs in dollars while it runs, across interruptions and resumes, spot versus on-demand.
+
+``CostTracker`` bills the whole job's wall clock on every instance: start-up, validation,
+checkpoint saves and restarts included, because that is what a cloud bills. Its clock starts when
+the callback is **constructed**, which the CLI does right after the process starts (before the
+model, the data and the MLflow run are built), and runs until the last log at train end.
+
+Across an interruption the bill continues, never resets. The callback's state in each checkpoint
+(``state_dict``) holds the job's billed seconds at that save and the wall-clock time of the save
+(``time.time()``). A relaunch that resumes from it bills the saved seconds plus the *restart gap*:
+the wall time from that save to the relaunch's clock start. The gap holds the interrupted attempt's
+work after its last save (lost, redone now), the time the job was down and the relaunch's
+start-up; ``restart_s`` replaces it with a fixed number (e.g. when a scheduler queue is not billed,
+or the machines' clocks disagree). Instance-seconds add up per attempt, so a relaunch on a
+different number of instances is billed right.
+
+Lost work is the steps run more than once. ``steps_run`` (every optimizer step executed, redone
+ones included) always equals ``global_step + lost_steps``, so a checkpoint's state needs only its
+``lost_steps``. What the checkpoint cannot know is how far attempts got *after* it: for that, rank
+zero keeps a tiny sidecar file, ``cost_steps_run.txt`` beside the checkpoints, holding the job's
+``steps_run``, rewritten in place at every optimizer step (one fixed-width ``pwrite``, a few
+microseconds; it survives a killed process, and also a lost machine once the OS has flushed it,
+within seconds). At resume from step ``g`` with saved ``lost_steps`` ``L``::
+
+    lost_steps = max(L, sidecar_steps_run - g)
+
+which counts every attempt since the checkpoint, also attempts killed before they saved anything
+(their work is in the sidecar, not in any checkpoint). This is exact to the step, needs no logger
+and no MLflow query, unlike a metric history, which is only as fine as its logging cadence. The
+work lost costs ``lost_steps x mean step time x instances x price``, the mean step time being the
+time from one optimizer step's end to the next (data wait included, validation excluded) over the
+job's steps so far.
+
+The projection is ``spent + remaining steps x recent seconds per step x instances x price``, with
+the recent speed measured over the last logging window (wall time, so validation and saves count)
+and the remaining steps from ``trainer.estimated_stepping_batches`` (``max_steps`` or
+``max_epochs`` x batches per epoch / accumulation). Prices come from the catalog
+(``configs/prices.yaml``, see :mod:`callbacks.prices`); the arithmetic from :mod:`callbacks.cost_model`.
+
+Logged metrics (rank 0; every ``log_every_n_steps`` optimizer steps, at train start after a resume
+and at train end):
+
+==========================  =====================================================================
+key                         meaning
+==========================  =====================================================================
+``cost/usd``                cost so far on the chosen market
+``cost/usd_on_demand``      the same billed time at the on-demand price
+``cost/usd_spot``           the same billed time at the spot price (absent without a spot price)
+``cost/savings_pct``        ``100 (1 - spot/on-demand)`` (absent when on-demand is free or no spot)
+``cost/lost_work_usd``      work redone after interruptions, on the chosen market
+``cost/projected_usd``      expected cost at the end, at the current progress and speed
+``cost/billed_s``           job wall seconds billed so far (per instance)
+``cost/instances``          instances billed now
+``cost/lost_steps``         optimizer steps run more than once
+``cost/restart_s``          seconds of restart gaps billed
+==========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from callbacks.cost_model import run_cost, savings_pct
+from callbacks.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+
+log = logging.getLogger(__name__)
+
+#: Sidecar file, beside the checkpoints, holding the job's optimizer steps run (redone ones included).
+PROGRESS_FILE = "cost_steps_run.txt"
+_PROGRESS_WIDTH = 20
+
+
+def default_instances(instance: Instance, world_size: int, num_nodes: int) -> int:
+    """Instances a job occupies: one per node, and enough GPU instances for its devices.
+
+    Args:
+        instance: The catalog row (a machine without GPUs counts as one machine per node).
+        world_size: Processes (devices) in the job.
+        num_nodes: Nodes in the job.
+
+    Returns:
+        ``num_nodes`` for a machine without GPUs, else ``max(num_nodes, ceil(world_size / gpus))``.
+    """
+    if instance.gpus == 0:
+        return max(1, int(num_nodes))
+    return max(1, int(num_nodes), math.ceil(world_size / instance.gpus))
+
+
+def read_steps_run(path: Path) -> int | None:
+    """The steps run recorded in a sidecar file, or None when it is missing or unreadable."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _usd(value: float) -> str:
+    return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
+
+
+class CostTracker(Callback):
+    """Log what the run costs so far, on both markets, what interruptions wasted, and what it will cost.
+
+    Args:
+        instance: Instance name in the price catalog (``cpu-local`` costs nothing).
+        market: ``"on_demand"`` or ``"spot"``: the market ``cost/usd`` is billed at.
+        catalog: A price catalog YAML; None for the repository's ``configs/prices.yaml``.
+        price_on_demand: Override the on-demand USD per instance-hour.
+        price_spot: Override the spot USD per instance-hour.
+        instances: Instances billed; None derives it at setup from the world size, the number of nodes
+            and the instance's GPUs (:func:`default_instances`).
+        restart_s: Seconds billed per resume instead of the measured gap from the checkpoint's save to
+            the relaunch's start (None: measured).
+        log_every_n_steps: Log every this many optimizer steps; None: the trainer's ``log_every_n_steps``.
+
+    Raises:
+        ValueError: For an unknown instance or market, a negative price, a market without a price in
+            the catalog, ``instances < 1``, a negative ``restart_s`` or ``log_every_n_steps < 1``; the
+            message names the value.
+        FileNotFoundError: If ``catalog`` does not exist.
+
+    Example::
+
+        trainer = Trainer(callbacks=[CostTracker(instance="a3-highgpu-1g", market="spot")])
+        trainer.fit(model, datamodule=datamodule)  # logs cost/usd, cost/usd_on_demand, cost/usd_spot ...
+    """
+
+    def __init__(
+        self,
+        instance: str = "cpu-local",
+        market: Literal["on_demand", "spot"] = "on_demand",
+        catalog: str | None = None,
+        price_on_demand: float | None = None,
+        price_spot: float | None = None,
+        instances: int | None = None,
+        restart_s: float | None = None,
+        log_every_n_steps: int | None = None,
+    ) -> None:
+        # the clock starts now: right after process start in the CLI
+        self._t0_mono = time.monotonic()
+        self._t0_wall = time.time()
+        if market not in MARKETS:
+            raise ValueError(f"CostTracker(market={market!r}) must be one of {MARKETS}.")
+        try:
+            row = get_instance(load_catalog(catalog), instance)
+        except KeyError as err:
+            raise ValueError(f"CostTracker(instance={instance!r}): {err.args[0]}") from None
+        try:
+            row = with_overrides(row, price_on_demand, price_spot)
+            self.price = price_for(row, market)
+        except ValueError as err:
+            raise ValueError(f"CostTracker: {err}") from None
+        if instances is not None and (isinstance(instances, bool) or int(instances) != instances or instances < 1):
+            raise ValueError(f"CostTracker(instances={instances!r}) must be an integer >= 1.")
+        if restart_s is not None and not (restart_s >= 0 and math.isfinite(restart_s)):
+            raise ValueError(f"CostTracker(restart_s={restart_s!r}) must be a finite number of seconds >= 0.")
+        if log_every_n_steps is not None and log_every_n_steps < 1:
+            raise ValueError(f"CostTracker(log_every_n_steps={log_every_n_steps!r}) must be >= 1.")
+        self.instance = row
+        self.market = market
+        self.instances = None if instances is None else int(instances)
+        self.restart_s = restart_s
+        self.log_every_n_steps = log_every_n_steps
+
+        # The job so far, before this attempt's clock started (restored from a checkpoint).
+        self._base_wall_s = 0.0
+        self._base_instance_s = 0.0
+        self._gap_s = 0.0  # restart gap billed at this attempt's start
+        self.restart_s_total = 0.0
+        self.lost_steps = 0
+        self._step_s_total = 0.0
+        self._steps_timed = 0
+        # This attempt only.
+        self._restored: dict[str, Any] | None = None
+        self._resumed_step: int | None = None
+        self._seen_step = 0
+        self._batch_start: float | None = None
+        self._prev_end: float | None = None
+        self._window: tuple[float, int] | None = None
+        self._recent_step_s: float | None = None
+        self._total_steps: float | None = None
+        self._progress_fd: int | None = None
+        self._final: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- arithmetic
+    def elapsed_s(self) -> float:
+        """Seconds billed to this attempt: its restart gap plus its clock since construction."""
+        return self._gap_s + (time.monotonic() - self._t0_mono)
+
+    def billed_s(self, elapsed_s: float | None = None) -> float:
+        """The job's wall seconds so far (per instance), all attempts and restart gaps included.
+
+        Args:
+            elapsed_s: This attempt's :meth:`elapsed_s`, when the caller has read the clock already.
+        """
+        return self._base_wall_s + (self.elapsed_s() if elapsed_s is None else elapsed_s)
+
+    def instance_s(self, elapsed_s: float | None = None) -> float:
+        """The job's instance-seconds so far: each attempt's seconds times its instances.
+
+        Args:
+            elapsed_s: This attempt's :meth:`elapsed_s`, when the caller has read the clock already.
+        """
+        return self._base_instance_s + (self.elapsed_s() if elapsed_s is None else elapsed_s) * (self.instances or 1)
+
+    def usd(self, market: str | None = None, instance_s: float | None = None) -> float:
+        """Cost of ``instance_s`` (default: so far) on ``market`` (default: the chosen one)."""
+        price = self.price if market is None else price_for(self.instance, market)
+        return run_cost((self.instance_s() if instance_s is None else instance_s) / 3600.0, price)
+
+    def mean_step_s(self) -> float | None:
+        """Mean seconds per optimizer step over the job's timed steps, or None before the first."""
+        return self._step_s_total / self._steps_timed if self._steps_timed else None
+
+    def metrics(self, trainer: Trainer) -> dict[str, float]:
+        """The ``cost/*`` values now (see the module docstring), from one reading of the clock."""
+        elapsed = self.elapsed_s()
+        instance_s = self.instance_s(elapsed)
+        usd = self.usd(instance_s=instance_s)
+        out = {"cost/usd": usd, "cost/usd_on_demand": self.usd("on_demand", instance_s)}
+        spot_price = self.instance.spot_usd_per_h
+        if spot_price is not None:
+            out["cost/usd_spot"] = self.usd("spot", instance_s)
+            if self.instance.on_demand_usd_per_h > 0:
+                out["cost/savings_pct"] = savings_pct(spot_price, self.instance.on_demand_usd_per_h)
+        instances = self.instances or 1
+        step_s = self.mean_step_s()
+        out["cost/lost_work_usd"] = run_cost(self.lost_steps * (step_s or 0.0) / 3600.0, self.price, instances)
+        recent = self._recent_step_s if self._recent_step_s is not None else step_s
+        if self._total_steps is not None and recent is not None:
+            remaining = max(0.0, self._total_steps - trainer.global_step)
+            out["cost/projected_usd"] = usd + run_cost(remaining * recent / 3600.0, self.price, instances)
+        out.update({"cost/billed_s": self.billed_s(elapsed), "cost/instances": float(instances),
+                    "cost/lost_steps": float(self.lost_steps), "cost/restart_s": self.restart_s_total})
+        return out
+
+    # ------------------------------------------------------------------- logging
+    def _log(self, trainer: Trainer) -> None:
+        now = time.monotonic()
+        if self._window is not None and trainer.global_step > self._window[1]:
+            self._recent_step_s = (now - self._window[0]) / (trainer.global_step - self._window[1])
+        self._window = (now, trainer.global_step)
+        if not trainer.is_global_zero:
+            return
+        self._final = self.metrics(trainer)
+        for logger in trainer.loggers:
+            logger.log_metrics(self._final, step=trainer.global_step)
+
+    # ----------------------------------------------------------- sidecar file
+    @staticmethod
+    def _progress_dir(trainer: Trainer) -> Path:
+        callback = trainer.checkpoint_callback
+        if callback is not None and getattr(callback, "dirpath", None):
+            return Path(callback.dirpath)
+        return Path(trainer.default_root_dir) / "checkpoints"
+
+    def _sidecar_steps_run(self, trainer: Trainer) -> int | None:
+        places = [self._progress_dir(trainer) / PROGRESS_FILE]
+        if trainer.ckpt_path:
+            places.append(Path(trainer.ckpt_path).parent / PROGRESS_FILE)
+        found = [n for n in (read_steps_run(p) for p in places) if n is not None]
+        return max(found) if found else None
+
+    def _open_progress(self, trainer: Trainer) -> None:
+        path = self._progress_dir(trainer) / PROGRESS_FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._progress_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        except OSError as err:
+            log.warning("CostTracker: cannot write %s (%s); lost work after a hard kill will not be counted.",
+                        path, err)
+            self._progress_fd = None
+
+    def _write_progress(self, trainer: Trainer) -> None:
+        if self._progress_fd is not None:
+            steps_run = trainer.global_step + self.lost_steps
+            os.pwrite(self._progress_fd, f"{steps_run:>{_PROGRESS_WIDTH}d}\n".encode(), 0)
+
+    def _close_progress(self) -> None:
+        if self._progress_fd is not None:
+            os.close(self._progress_fd)
+            self._progress_fd = None
+
+    # ------------------------------------------------------------------- hooks
+    @override
+    def setup(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit" and self.instances is None:
+            self.instances = default_instances(self.instance, trainer.world_size, trainer.num_nodes)
+
+    @override
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self._resumed_step = int(checkpoint.get("global_step", 0))
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        step = trainer.global_step
+        self._seen_step = step
+        self._window = (time.monotonic(), step)
+        self._prev_end = None
+        try:
+            total = float(trainer.estimated_stepping_batches)
+        except Exception:  # e.g. accumulation that changes per epoch: no projection
+            total = math.inf
+        self._total_steps = total if math.isfinite(total) and total > 0 else None
+        if self._resumed_step is not None and trainer.is_global_zero:
+            if self._restored is None:
+                log.warning("CostTracker: the checkpoint holds no cost state; billing starts over at step %d.",
+                            step)
+            saved_lost = int((self._restored or {}).get("lost_steps", 0))
+            sidecar = self._sidecar_steps_run(trainer)
+            self.lost_steps = max(saved_lost, (sidecar or 0) - step)
+        if trainer.is_global_zero:
+            self._open_progress(trainer)
+            self._write_progress(trainer)
+            if self._resumed_step is not None:
+                self._log(trainer)
+
+    @override
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        self._prev_end = None
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._batch_start = time.monotonic()
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        now = time.monotonic()
+        start = self._prev_end if self._prev_end is not None else self._batch_start
+        if start is not None:
+            self._step_s_total += now - start
+        self._prev_end = now
+        stepped = trainer.global_step - self._seen_step
+        if stepped <= 0:  # gradient accumulation: this batch's time belongs to the coming step
+            return
+        self._seen_step = trainer.global_step
+        self._steps_timed += stepped
+        self._write_progress(trainer)
+        every = self.log_every_n_steps or trainer.log_every_n_steps or 1
+        if trainer.global_step % every == 0:
+            self._log(trainer)
+
+    @override
+    def on_validation_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        self._prev_end = None  # validation is not step time (it is billed all the same)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        self._log(trainer)
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if trainer.is_global_zero and self._window is not None:
+            try:
+                self._log(trainer)
+            except Exception:  # never mask the run's own error
+                log.warning("CostTracker: could not log the cost after the failure.", exc_info=True)
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._close_progress()
+        self._restored = self._resumed_step = None  # a later fit of this object resumes only if it loads
+
+    # ------------------------------------------------------------------- state
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        elapsed = self.elapsed_s()
+        return {
+            "billed_s": self.billed_s(elapsed),
+            "instance_s": self.instance_s(elapsed),
+            "saved_at": time.time(),
+            "lost_steps": self.lost_steps,
+            "restart_s_total": self.restart_s_total,
+            "step_s_total": self._step_s_total,
+            "steps_timed": self._steps_timed,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = dict(state_dict)
+        saved_at = float(state_dict["saved_at"])
+        if saved_at > self._t0_wall:
+            # This object's clock already ran when that checkpoint was saved (a second fit in one
+            # process): the saved seconds cover it up to the save, so count this attempt from there.
+            self._t0_mono += saved_at - self._t0_wall
+            self._t0_wall = saved_at
+            self._gap_s = 0.0
+        else:
+            self._gap_s = self.restart_s if self.restart_s is not None else self._t0_wall - saved_at
+        self._base_wall_s = float(state_dict["billed_s"])
+        self._base_instance_s = float(state_dict["instance_s"])
+        self.restart_s_total = float(state_dict.get("restart_s_total", 0.0)) + self._gap_s
+        self.lost_steps = int(state_dict.get("lost_steps", 0))
+        self._step_s_total = float(state_dict.get("step_s_total", 0.0))
+        self._steps_timed = int(state_dict.get("steps_timed", 0))
+
+    # ----------------------------------------------------------------- summary
+    def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
+        """Rows for the CLI's end table: the bill, both markets, and what interruptions wasted."""
+        final = self._final
+        if not final:
+            return []
+        hours = final["cost/billed_s"] / 3600.0
+        instances = int(final["cost/instances"])
+        rows = [("cost", f"{_usd(final['cost/usd'])} {self.market.replace('_', '-')} "
+                         f"({instances} x {self.instance.name}, {hours:.3f} h billed)")]
+        if "cost/usd_spot" in final:
+            saving = f", spot saves {final['cost/savings_pct']:.1f}%" if "cost/savings_pct" in final else ""
+            rows.append(("cost on-demand / spot",
+                         f"{_usd(final['cost/usd_on_demand'])} / {_usd(final['cost/usd_spot'])}{saving}"))
+        if self.lost_steps or self.restart_s_total:
+            rows.append(("cost of interruptions",
+                         f"{_usd(final['cost/lost_work_usd'])} lost work ({self.lost_steps} steps redone), "
+                         f"{self.restart_s_total:.0f} s of restarts billed"))
+        return rows

@@ -1,0 +1,271 @@
+"""CostTracker: exact dollars under a fake clock, across an interrupted and resumed run; bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import Logger
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks import cost
+from callbacks.cost import PROGRESS_FILE, CostTracker, default_instances, read_steps_run
+from callbacks.prices import get_instance, load_catalog
+
+SPOT, ON_DEMAND = 4.42, 11.06  # a3-highgpu-1g, USD per hour (configs/prices.yaml)
+STEP_S = 2.0
+
+
+class FakeTime:
+    """Stands in for the ``time`` module in ``callbacks.cost``: moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.mono = 0.0
+        self.wall = 1_000_000.0
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def time(self) -> float:
+        return self.wall
+
+    def advance(self, seconds: float) -> None:
+        self.mono += seconds
+        self.wall += seconds
+
+
+class RecordingLogger(Logger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.calls.append((step, dict(metrics)))
+
+    def values(self, key: str) -> list[tuple[int | None, float]]:
+        return [(step, m[key]) for step, m in self.calls if key in m]
+
+
+class TimedModel(LightningModule):
+    """Every training step takes ``STEP_S`` seconds of the fake clock."""
+
+    def __init__(self, clock: FakeTime) -> None:
+        super().__init__()
+        self.clock = clock
+        self.layer = nn.Linear(4, 1)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.clock.advance(STEP_S)
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4)  # 16 steps an epoch
+
+
+class SaveThenDie(Callback):
+    """Save a checkpoint after step ``save_at``; stop (the process 'dies') after step ``die_at``."""
+
+    def __init__(self, path: Path, save_at: int, die_at: int) -> None:
+        self.path, self.save_at, self.die_at = path, save_at, die_at
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if trainer.global_step == self.save_at:
+            trainer.save_checkpoint(self.path)
+        if trainer.global_step == self.die_at:
+            trainer.should_stop = True
+
+
+def _trainer(root: Path, callbacks: list[Callback], logger: Logger, max_steps: int = 10) -> Trainer:
+    return Trainer(default_root_dir=root, max_steps=max_steps, accelerator="cpu", devices=1, logger=logger,
+                   callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0)
+
+
+def usd(seconds: float, price: float = SPOT) -> float:
+    return seconds / 3600 * price
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
+    fake = FakeTime()
+    monkeypatch.setattr(cost, "time", fake)
+    return fake
+
+
+def test_uninterrupted_run_by_hand(tmp_path: Path, clock: FakeTime) -> None:
+    logger = RecordingLogger()
+    tracker = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5)
+    clock.advance(3.0)  # start-up before training (model, data, MLflow) is billed too
+    _trainer(tmp_path, [tracker], logger).fit(TimedModel(clock))
+    # 3 s start-up + 10 steps x 2 s = 23 s; logged at steps 5 and 10, and at train end (step 10)
+    assert logger.values("cost/billed_s") == [(5, 13.0), (10, 23.0), (10, 23.0)]
+    assert logger.values("cost/usd") == [(5, pytest.approx(usd(13))), (10, pytest.approx(usd(23))),
+                                         (10, pytest.approx(usd(23)))]
+    final = logger.calls[-1][1]
+    assert final["cost/usd_on_demand"] == pytest.approx(23 / 3600 * ON_DEMAND, rel=1e-12)
+    assert final["cost/usd_spot"] == pytest.approx(23 / 3600 * SPOT, rel=1e-12)
+    assert final["cost/savings_pct"] == pytest.approx(100 * (1 - 4.42 / 11.06), rel=1e-12)  # 60.04%
+    assert (final["cost/lost_work_usd"], final["cost/lost_steps"], final["cost/restart_s"]) == (0.0, 0.0, 0.0)
+    assert final["cost/instances"] == 1.0
+    # projection at step 5: 13 s spent + 5 steps left x (10 s / 5 steps in the window) = 23 s
+    (_, at5), _, _ = logger.calls
+    assert at5["cost/projected_usd"] == pytest.approx(usd(23), rel=1e-12)
+    assert final["cost/projected_usd"] == pytest.approx(usd(23), rel=1e-12)
+    assert tracker.mean_step_s() == STEP_S
+    assert read_steps_run(tmp_path / "checkpoints" / PROGRESS_FILE) == 10
+    assert tracker.summary_rows({}) == [
+        ("cost", "$0.0282 spot (1 x a3-highgpu-1g, 0.006 h billed)"),
+        ("cost on-demand / spot", "$0.0707 / $0.0282, spot saves 60.0%"),
+    ]
+
+
+def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: Path, clock: FakeTime) -> None:
+    ckpt = tmp_path / "checkpoints" / "step=4.ckpt"
+    # Attempt 1: the clock starts at construction (t = 0); checkpoint after step 4 (8 s billed, saved at
+    # wall time t = 8), the process dies after step 6 (12 s): steps 5 and 6 are lost.
+    first = RecordingLogger()
+    tracker1 = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5)
+    _trainer(tmp_path, [tracker1, SaveThenDie(ckpt, save_at=4, die_at=6)], first).fit(TimedModel(clock))
+    assert first.values("cost/billed_s") == [(5, 10.0), (6, 12.0)]
+    assert first.calls[-1][1]["cost/usd"] == pytest.approx(usd(12), rel=1e-12)
+    assert read_steps_run(tmp_path / "checkpoints" / PROGRESS_FILE) == 6
+    state = torch.load(ckpt, weights_only=True)["callbacks"]["CostTracker"]
+    assert state == {"billed_s": 8.0, "instance_s": 8.0, "saved_at": 1_000_008.0, "lost_steps": 0,
+                     "restart_s_total": 0.0, "step_s_total": 8.0, "steps_timed": 4}
+
+    # 30 s down, then the relaunch: gap = relaunch start (t = 42) - save (t = 8) = 34 s
+    # (the 4 s of lost steps 5-6 and the 30 s down). Steps 5-10 again: 6 steps, 12 s.
+    clock.advance(30.0)
+    second = RecordingLogger()
+    tracker2 = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5)
+    _trainer(tmp_path, [tracker2], second).fit(TimedModel(clock), ckpt_path=ckpt)
+    # at train start (step 4): 8 + 34 = 42 s, never less than what attempt 1 had billed (12 s)
+    assert second.values("cost/billed_s") == [(4, 42.0), (5, 44.0), (10, 54.0), (10, 54.0)]
+    assert [v for _, v in second.values("cost/usd")] == pytest.approx([usd(42), usd(44), usd(54), usd(54)])
+    final = second.calls[-1][1]
+    # the job: 12 s (attempt 1) + 30 s down + 12 s (attempt 2) = 54 s on one H100 spot
+    assert final["cost/usd"] == pytest.approx(54 / 3600 * 4.42, rel=1e-12)  # $0.0663
+    assert final["cost/usd_on_demand"] == pytest.approx(54 / 3600 * 11.06, rel=1e-12)
+    assert final["cost/restart_s"] == 34.0
+    # lost work: steps 5 and 6 ran twice: 2 steps x 2 s x $4.42/h
+    assert final["cost/lost_steps"] == 2.0
+    assert final["cost/lost_work_usd"] == pytest.approx(2 * 2.0 / 3600 * 4.42, rel=1e-12)
+    assert [v for _, v in second.values("cost/lost_work_usd")] == pytest.approx([usd(4)] * 4)
+    # projection at the resume (no window yet: the job's mean step time): 42 s + 6 steps x 2 s = 54 s
+    assert second.calls[0][1]["cost/projected_usd"] == pytest.approx(usd(54), rel=1e-12)
+    assert read_steps_run(tmp_path / "checkpoints" / PROGRESS_FILE) == 12  # 10 + 2 redone
+    assert tracker2.summary_rows({})[-1] == (
+        "cost of interruptions", "$0.0049 lost work (2 steps redone), 34 s of restarts billed")
+
+
+def test_attempt_killed_before_saving_still_counts(tmp_path: Path, clock: FakeTime) -> None:
+    """Two attempts die after the same checkpoint: both attempts' steps are lost work."""
+    ckpt = tmp_path / "checkpoints" / "step=4.ckpt"
+    tracker1 = CostTracker(instance="a3-highgpu-1g", log_every_n_steps=100)
+    _trainer(tmp_path, [tracker1, SaveThenDie(ckpt, save_at=4, die_at=7)], RecordingLogger()).fit(
+        TimedModel(clock))  # 14 s, steps 5-7 lost
+    clock.advance(10.0)
+    tracker2 = CostTracker(instance="a3-highgpu-1g", log_every_n_steps=100)
+    _trainer(tmp_path, [tracker2, SaveThenDie(tmp_path / "unused.ckpt", save_at=-1, die_at=6)],
+             RecordingLogger()).fit(TimedModel(clock), ckpt_path=ckpt)  # steps 5-6 again, dies unsaved: 4 s
+    clock.advance(10.0)
+    logger = RecordingLogger()
+    tracker3 = CostTracker(instance="a3-highgpu-1g", log_every_n_steps=100)
+    _trainer(tmp_path, [tracker3], logger).fit(TimedModel(clock), ckpt_path=ckpt)
+    final = logger.calls[-1][1]
+    # 3 (attempt 1) + 2 (attempt 2) steps redone; billed: 14 + 10 + 4 + 10 + 12 = 50 s at $11.06/h
+    assert final["cost/lost_steps"] == 5.0
+    assert final["cost/billed_s"] == 50.0
+    assert final["cost/usd"] == pytest.approx(50 / 3600 * 11.06, rel=1e-12)
+    assert final["cost/lost_work_usd"] == pytest.approx(5 * 2.0 / 3600 * 11.06, rel=1e-12)
+    # the gap billed is the one from the checkpoint's save (t = 8) to the last relaunch (t = 38): it holds
+    # attempt 1's 6 s after the save, 10 s down, attempt 2's 4 s and 10 s down
+    assert final["cost/restart_s"] == 30.0
+
+
+def test_fixed_restart_time_and_several_instances(tmp_path: Path, clock: FakeTime) -> None:
+    ckpt = tmp_path / "checkpoints" / "step=4.ckpt"
+    tracker1 = CostTracker(instance="a3-highgpu-8g", market="on_demand", instances=2, log_every_n_steps=100)
+    _trainer(tmp_path, [tracker1, SaveThenDie(ckpt, save_at=4, die_at=4)], RecordingLogger()).fit(
+        TimedModel(clock))  # 8 s on 2 instances
+    clock.advance(500.0)  # an unbilled queue: bill a fixed 60 s restart instead
+    logger = RecordingLogger()
+    tracker2 = CostTracker(instance="a3-highgpu-8g", market="on_demand", instances=2, restart_s=60.0,
+                           log_every_n_steps=100)
+    _trainer(tmp_path, [tracker2], logger).fit(TimedModel(clock), ckpt_path=ckpt)
+    final = logger.calls[-1][1]
+    assert final["cost/billed_s"] == 8 + 60 + 12
+    assert final["cost/usd"] == pytest.approx(80 / 3600 * 88.49 * 2, rel=1e-12)  # $3.93
+    assert final["cost/usd_spot"] == pytest.approx(80 / 3600 * 35.40 * 2, rel=1e-12)
+    assert final["cost/lost_steps"] == 0.0
+
+
+def test_dollars_per_market_by_hand() -> None:
+    tracker = CostTracker(instance="a3-highgpu-1g")
+    one_hour = 3600.0
+    assert tracker.usd("on_demand", one_hour) == 11.06
+    assert tracker.usd("spot", one_hour) == 4.42
+    assert tracker.usd(instance_s=2.5 * 3600) == pytest.approx(27.65, rel=1e-12)  # on-demand is the default
+    eight = CostTracker(instance="a3-highgpu-8g", market="spot", price_spot=30.0)
+    assert eight.usd(instance_s=2 * 3600) == 60.0  # 1 h on 2 instances at the overridden $30/h
+    assert CostTracker().usd("on_demand", 10 * 3600) == 0.0  # cpu-local
+
+
+def test_default_instances() -> None:
+    catalog = load_catalog()
+    cpu, h100, h100x8 = (get_instance(catalog, n) for n in ("cpu-local", "a3-highgpu-1g", "a3-highgpu-8g"))
+    assert default_instances(cpu, world_size=2, num_nodes=1) == 1  # 2 processes on one machine
+    assert default_instances(cpu, world_size=4, num_nodes=2) == 2
+    assert default_instances(h100, world_size=4, num_nodes=1) == 4
+    assert default_instances(h100x8, world_size=16, num_nodes=2) == 2
+    assert default_instances(h100x8, world_size=8, num_nodes=2) == 2  # 4 GPUs on each of 2 machines
+    assert default_instances(h100x8, world_size=4, num_nodes=1) == 1
+    assert default_instances(h100x8, world_size=1, num_nodes=1) == 1
+
+
+def test_state_round_trip_in_one_process_does_not_double_bill(clock: FakeTime) -> None:
+    tracker = CostTracker(instance="a3-highgpu-1g")
+    clock.advance(10.0)
+    state = tracker.state_dict()
+    clock.advance(5.0)
+    tracker.load_state_dict(state)  # the same object resumes a checkpoint it saved itself
+    assert tracker.billed_s() == 15.0
+    assert tracker.restart_s_total == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "named"),
+    [
+        ({"instance": "a9-megagpu"}, ValueError, "CostTracker(instance='a9-megagpu'): unknown instance"),
+        ({"market": "preemptible"}, ValueError, "CostTracker(market='preemptible')"),
+        ({"price_on_demand": -3.0}, ValueError, "on_demand_usd_per_h=-3.0"),
+        ({"price_spot": -1.5}, ValueError, "spot_usd_per_h=-1.5"),
+        ({"instance": "p5.48xlarge", "market": "spot"}, ValueError, "lacks a spot price for instance 'p5.48xlarge'"),
+        ({"instances": 0}, ValueError, "CostTracker(instances=0)"),
+        ({"restart_s": -5.0}, ValueError, "CostTracker(restart_s=-5.0)"),
+        ({"log_every_n_steps": 0}, ValueError, "CostTracker(log_every_n_steps=0)"),
+        ({"catalog": "/nonexistent/prices.yaml"}, FileNotFoundError, "/nonexistent/prices.yaml"),
+    ],
+)
+def test_bad_input_names_the_value(kwargs: dict[str, Any], error: type[Exception], named: str) -> None:
+    with pytest.raises(error) as info:
+        CostTracker(**kwargs)
+    assert named in str(info.value)
