@@ -28,13 +28,15 @@ def mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return template
 
 
-def cli_env(workdir: Path, **extra: str) -> dict[str, str]:
-    """Environment of a CLI subprocess: the repo importable, MLflow in ``workdir/mlflow.db``.
-
-    The store starts as a copy of the session's migrated template when ``workdir`` has none.
-    """
+def seed_mlflow_db(workdir: Path) -> None:
+    """Give ``workdir`` a copy of the session's migrated, empty MLflow store, unless it has one."""
     if _TEMPLATE_DB is not None and not (workdir / "mlflow.db").exists():
         shutil.copy(_TEMPLATE_DB, workdir / "mlflow.db")
+
+
+def cli_env(workdir: Path, **extra: str) -> dict[str, str]:
+    """Environment of a CLI subprocess: the repo importable, MLflow in ``workdir/mlflow.db`` (seeded)."""
+    seed_mlflow_db(workdir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATSCALE_", "SLURM_", "MLFLOW_"))}
     env.update({
         "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
@@ -75,5 +77,11 @@ FAST = ("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summar
 
 
 @pytest.fixture
-def workdir(tmp_path: Path) -> Path:
+def tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's cwd and environment are a CLI subprocess's: MLflow in ``tmp_path/mlflow.db``."""
+    for key, value in cli_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    for key in [k for k in os.environ if k.startswith(("ATSCALE_", "SLURM_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)
     return tmp_path

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-from pathlib import Path
 
 import mlflow
 import pytest
@@ -19,27 +17,10 @@ from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit
 
 LR = "model.init_args.optimizer.init_args.lr"
 
-def seed_mlflow_db(workdir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Copy an empty, migrated MLflow sqlite store into ``workdir`` (migrating a new one takes seconds)."""
-    template = tmp_path_factory.getbasetemp() / "mlflow-template.db"
-    if not template.exists():
-        mlflow.MlflowClient(f"sqlite:///{template}").search_experiments()
-    shutil.copy(template, workdir / "mlflow.db")
 
 
-#: The CLI runs here log their model; MLflow's pip-requirements inference (a subprocess importing the
-#: model, ~10 s) is cut short and falls back to its default requirements, which these tests do not read.
-FAST_MODEL_LOG = {"MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT": "1"}
 
 
-@pytest.fixture
-def tracked(tmp_path, monkeypatch, tmp_path_factory):
-    """cwd and MLflow in tmp_path, with the environment the CLI subprocesses get."""
-    seed_mlflow_db(tmp_path, tmp_path_factory)
-    for key, value in cli_env(tmp_path, **FAST_MODEL_LOG).items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def _run(client, exp_id, name, params, metrics, start_s, seconds, status="FINISHED"):
@@ -168,7 +149,7 @@ def _accuracy(model: torch.nn.Module) -> tuple[int, int]:
 def test_promote_real_run_refused_below_baseline_then_loaded_by_alias(tracked, capsys):
     run_fit(tracked, "--config", str(CONFIGS / "digits.yaml"), "--experiment", "prom", "--run_name", "short",
             "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "5", *FAST, check=True,
-            env=cli_env(tracked, **FAST_MODEL_LOG))
+            env=cli_env(tracked))
     client = client_for(tracked)
     exp_id = client.get_experiment_by_name("prom").experiment_id
     (real,) = client.search_runs([exp_id])

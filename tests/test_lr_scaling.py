@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import shutil
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -15,20 +13,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.lr_scaling import LRScaling, batch_scale, lr_multiplier
-from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit, runs_of
-
-
-def seed_mlflow_db(workdir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Copy an empty, migrated MLflow sqlite store into ``workdir`` (migrating a new one takes seconds)."""
-    template = tmp_path_factory.getbasetemp() / "mlflow-template.db"
-    if not template.exists():
-        mlflow.MlflowClient(f"sqlite:///{template}").search_experiments()
-    shutil.copy(template, workdir / "mlflow.db")
-
-
-#: The CLI runs here log their model; MLflow's pip-requirements inference (a subprocess importing the
-#: model, ~10 s) is cut short and falls back to its default requirements, which these tests do not read.
-FAST_MODEL_LOG = {"MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT": "1"}
+from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit, runs_of, seed_mlflow_db
 
 
 def test_multiplier_and_scale_by_hand():
@@ -95,9 +80,9 @@ def _history(client: mlflow.MlflowClient, run_id: str, key: str) -> list[tuple[i
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
 
-def test_one_process_lr_used_and_logged(tmp_path, monkeypatch, tmp_path_factory):
+def test_one_process_lr_used_and_logged(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    seed_mlflow_db(tmp_path, tmp_path_factory)
+    seed_mlflow_db(tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     x = torch.randn(96, 4, generator=torch.Generator().manual_seed(0))
     y = x.sum(1)
@@ -121,12 +106,12 @@ def test_one_process_lr_used_and_logged(tmp_path, monkeypatch, tmp_path_factory)
     assert _history(client, logger.run_id, "lr/batch") == [(0, 16.0)]
 
 
-def test_two_processes_ddp_cli_lr_used_is_logged(tmp_path, tmp_path_factory):
+def test_two_processes_ddp_cli_lr_used_is_logged(tmp_path):
     """2 processes (gloo) through the real CLI: per-rank batch 32 x 2 = 64 = 2 x base 32 -> scale 2.
 
     The noise-scale callback rides along: its DDP hook and the per-rank / global batch it reports.
     """
-    seed_mlflow_db(tmp_path, tmp_path_factory)
+    seed_mlflow_db(tmp_path)
     run_fit(
         tmp_path,
         "--config", str(CONFIGS / "digits.yaml"), "--config", str(CONFIGS / "strategy/ddp.yaml"),
@@ -136,7 +121,7 @@ def test_two_processes_ddp_cli_lr_used_is_logged(tmp_path, tmp_path_factory):
         "--trainer.callbacks.base_batch_size=32", "--trainer.callbacks.warmup_steps=2",
         "--trainer.callbacks+=callbacks.noise_scale.GradientNoiseScale",
         "--trainer.callbacks.log_every_n_steps=1",
-        check=True, env=cli_env(tmp_path, **FAST_MODEL_LOG),
+        check=True, env=cli_env(tmp_path),
     )  # fmt: skip
     client = client_for(tmp_path)
     (run,) = runs_of(tmp_path, "lr")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import shutil
 from pathlib import Path
 
-import mlflow
 import pytest
 import yaml
 
@@ -16,34 +14,10 @@ from recipes.reproduce import DEFAULT_IGNORE, compare_metrics, final_metrics, ma
 from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit
 
 
-def seed_mlflow_db(workdir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Copy an empty, migrated MLflow sqlite store into ``workdir`` (migrating a new one takes seconds)."""
-    template = tmp_path_factory.getbasetemp() / "mlflow-template.db"
-    if not template.exists():
-        mlflow.MlflowClient(f"sqlite:///{template}").search_experiments()
-    shutil.copy(template, workdir / "mlflow.db")
-
-
-#: The CLI runs here log their model; MLflow's pip-requirements inference (a subprocess importing the
-#: model, ~10 s) is cut short and falls back to its default requirements, which these tests do not read.
-FAST_MODEL_LOG = {"MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT": "1"}
-
-
-@pytest.fixture
-def tracked(tmp_path, monkeypatch, tmp_path_factory):
-    """cwd and MLflow in tmp_path, with the environment the CLI subprocesses get (one thread each)."""
-    seed_mlflow_db(tmp_path, tmp_path_factory)
-    for key, value in cli_env(tmp_path, **FAST_MODEL_LOG).items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("ATSCALE_CKPT_PATH", raising=False)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def test_deterministic_cpu_run_reproduces_identically(tracked, capsys):
     run_fit(tracked, "--config", str(CONFIGS / "digits.yaml"), "--experiment", "repro", "--run_name", "orig",
             "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "4", "--trainer.log_every_n_steps", "2",
-            "--trainer.deterministic", "true", *FAST, check=True, env=cli_env(tracked, **FAST_MODEL_LOG))
+            "--trainer.deterministic", "true", *FAST, check=True, env=cli_env(tracked))
     client = client_for(tracked)
     exp_id = client.get_experiment_by_name("repro").experiment_id
     (orig,) = client.search_runs([exp_id])
