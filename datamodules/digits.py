@@ -34,22 +34,25 @@ class PassSampler(DistributedSampler):
     ``StatefulDataLoader`` saves and restores it, and a new iteration continues the current pass or,
     once it is complete, starts the next one.
 
-    Why not torchdata's ``StatefulDistributedSampler``?
-    It saves only its position and takes the epoch from ``set_epoch``, that is from Lightning's epoch
-    counter, which after a resume is one ahead whenever the checkpoint was written in
-    ``on_train_epoch_end`` (Lightning counts the epoch as processed before that hook, also when
-    ``max_steps`` cut the epoch short); and a position saved at the end of an epoch carries over into
-    the next one, which then comes out empty. Counting passes here keeps the stream exact in both
-    cases, so ``set_epoch`` is ignored.
+    Which epoch is right after a resume depends on where the checkpoint was written, and two
+    sources disagree: Lightning's epoch counter (``set_epoch``) is one ahead when the checkpoint was
+    written in ``on_train_epoch_end`` or when ``max_steps`` cut the epoch short, while the loader
+    restores no sampler state at all when its iterator had already finished (a checkpoint written
+    at the end of the epoch's validation). So: once a state was restored, the sampler's own count
+    rules and ``set_epoch`` is ignored; without one, ``set_epoch`` starts the pass it names. Both
+    resume paths are tested bitwise against uninterrupted runs.
     """
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
         self.yielded = 0
+        self._restored = False
 
     @override
     def set_epoch(self, epoch: int) -> None:
-        """Ignored: the sampler counts its passes itself (see the class docstring)."""
+        """Start pass ``epoch``, unless a restored state says where we are (see the class docstring)."""
+        if not self._restored:
+            self.epoch, self.yielded = epoch, 0
 
     @override
     def __iter__(self) -> Iterator[int]:
@@ -67,6 +70,7 @@ class PassSampler(DistributedSampler):
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         self.epoch = int(state_dict["epoch"])
         self.yielded = int(state_dict["yielded"])
+        self._restored = True
 
 
 def stateful_train_loader(

@@ -109,7 +109,7 @@ def test_external_sigterm_mid_training(reference: dict, tmp_path: Path) -> None:
     assert step_axis(tmp_path) == step_axis(reference["single"])
 
 
-def test_corrupt_newest_checkpoint_is_skipped_on_resume(tmp_path: Path) -> None:
+def test_corrupt_newest_checkpoint_is_skipped_on_resume(reference: dict, tmp_path: Path) -> None:
     args = (*BASE, "--run_name", "corrupt", "--spot.drill_steps", "[50]")
     assert run_fit(tmp_path, *args).returncode == REQUEUE_EXIT_CODE
     ckpt_dir = tmp_path / "runs" / "digits" / "corrupt" / "checkpoints"
@@ -126,7 +126,9 @@ def test_corrupt_newest_checkpoint_is_skipped_on_resume(tmp_path: Path) -> None:
     assert run_fit(tmp_path, *args).returncode == 0
     (run,) = runs_of(tmp_path, "digits")
     lost = client_for(tmp_path).get_metric_history(run.info.run_id, "spot/lost_steps")
-    assert sorted(m.value for m in lost) == [0.0, 0.0, 0.0, 5.0]  # 3 notice saves + 1 resume that redid 5 steps
+    assert sorted(m.value for m in lost) == [0.0, 0.0, 0.0, 5.0]  # 2 notice saves + 2 resumes, one redid 5 steps
+    # resumed from an end-of-epoch checkpoint, and still exact
+    assert_bitwise_equal(final_weights(reference["single"], "ref"), final_weights(tmp_path, "corrupt"))
 
 
 def test_fresh_flag_starts_a_new_mlflow_run(tmp_path: Path) -> None:
