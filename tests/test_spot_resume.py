@@ -153,3 +153,24 @@ def test_slurm_requeue_is_called_after_the_notice_save(tmp_path: Path) -> None:
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     (run,) = runs_of(tmp_path, "digits")
     assert run.info.status == "KILLED"  # resumable: the relaunch reopens it
+
+
+def test_sigkill_while_saving_then_relaunch_is_exact(reference: dict, tmp_path: Path) -> None:
+    """No notice at all: SIGKILL lands while periodic checkpoints are written (one every step); the
+    relaunch resumes from the newest checkpoint that verifies and still ends bitwise equal."""
+    args = (*BASE, "--run_name", "killed", "--spot.every_n_steps", "1", "--async_checkpoint", "false")
+    ckpt_dir = tmp_path / "runs" / "digits" / "killed" / "checkpoints"
+    proc = subprocess.Popen(fit_command(*args), cwd=tmp_path, env=cli_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list(ckpt_dir.glob("step=*.meta.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(random.Random(3).uniform(0.2, 1.0))  # saving every step: most likely inside a write
+    proc.kill()
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    survivor = ckpt_store.newest_good(ckpt_dir, CHECKPOINT_PATTERN)
+    assert survivor is not None
+    result = run_fit(tmp_path, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"(step {survivor.global_step})." in result.stderr  # the newest checkpoint that verifies
+    assert_bitwise_equal(final_weights(reference["single"], "ref"), final_weights(tmp_path, "killed"))
