@@ -36,7 +36,7 @@ PowerSGD bucket is finished before the next starts (torch's PowerSGD issues its 
 all-reduce from gloo's callback thread, which otherwise races the next bucket's all-reduce: ranks
 disagree on the order and hang or abort); NCCL runs callbacks inline and needs no such care.
 The ring all-reduce model of :mod:`callbacks.comm_model` is calibrated on the real process
-group at train start (``measure_allreduce`` over 4 KiB-1 MiB, well under a second) and predicts
+group at train start (``measure_allreduce`` over 4 KiB-16 MiB, well under a second) and predicts
 each step's communication from the bytes the hook sent (one all-reduce per bucket; PowerSGD's two
 or three all-reduces per bucket are counted as one, so its prediction is optimistic by their
 latency). Under FSDP (``ModelParallelStrategy``, no DDP wrapper) there is no hook: collective
@@ -126,7 +126,9 @@ SERIAL_PARTS = ("data", "comm_exposed", "optimizer")
 #: Device counts whose Amdahl speedup is logged.
 PREDICT_N = (2, 4, 8, 16, 32, 64)
 #: Sizes (bytes) all-reduced to calibrate the link at train start.
-CALIBRATION_SIZES = (4096, 65536, 1048576)
+#: All-reduce sizes of the link calibration (bytes): up to 16 MiB, so the bandwidth term stands out of the
+#: latency and the noise even on loopback (a fit on small sizes alone can find no bandwidth term at all).
+CALIBRATION_SIZES = (4096, 65536, 1048576, 16777216)
 
 _LABELS = {"data": "data wait", "forward": "forward", "backward": "backward compute",
            "comm_exposed": "exposed comm", "optimizer": "optimizer", "checkpoint": "checkpoint"}
@@ -475,10 +477,12 @@ class StepTiming(Callback):
         except (RuntimeError, ValueError) as err:
             log.warning("StepTiming: all-reduce calibration failed (%s); no communication prediction.", err)
             return
-        metrics = {"comm/bandwidth_gbps": self.link.bandwidth_bytes_per_s * 8 / 1e9
-                   if math.isfinite(self.link.bandwidth_bytes_per_s) else 0.0,
-                   "comm/latency_us": self.link.latency_s * 1e6,
-                   "comm/calibration_s": time.perf_counter() - start}
+        metrics = {"comm/latency_us": self.link.latency_s * 1e6, "comm/calibration_s": time.perf_counter() - start}
+        if math.isfinite(self.link.bandwidth_bytes_per_s):  # an infinite fit is "not measurable", not 0
+            metrics["comm/bandwidth_gbps"] = self.link.bandwidth_bytes_per_s * 8 / 1e9
+        else:
+            log.warning("StepTiming: the all-reduce timings show no bandwidth term (latency-bound); "
+                        "comm/bandwidth_gbps is not logged.")
         if not math.isnan(self.link.r_squared):
             metrics["comm/calibration_r2"] = self.link.r_squared
         self._log(trainer, metrics)
