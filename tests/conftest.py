@@ -7,9 +7,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
+from lightning.pytorch.loggers import Logger
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -70,6 +72,31 @@ def runs_of(workdir: Path, experiment: str) -> list:
     client = client_for(workdir)
     exp = client.get_experiment_by_name(experiment)
     return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+class RecordingLogger(Logger):
+    """A Lightning logger that keeps every ``log_metrics`` call in memory, for exact assertions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.calls.append((step, dict(metrics)))
+
+    def values(self, key: str) -> list[tuple[int | None, float]]:
+        return [(step, m[key]) for step, m in self.calls if key in m]
 
 
 # Small, fast variants of the digits recipe for tests (the README's run uses the full config).

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from callbacks import cost
 from callbacks.cost import PROGRESS_FILE, CostTracker, default_instances, read_steps_run
 from callbacks.prices import get_instance, load_catalog
+from tests.conftest import RecordingLogger
 
 SPOT, ON_DEMAND = 4.42, 11.06  # a3-highgpu-1g, USD per hour (configs/prices.yaml)
 STEP_S = 2.0
@@ -36,29 +37,6 @@ class FakeTime:
     def advance(self, seconds: float) -> None:
         self.mono += seconds
         self.wall += seconds
-
-
-class RecordingLogger(Logger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[int | None, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "recording"
-
-    @property
-    def version(self) -> str:
-        return "0"
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.calls.append((step, dict(metrics)))
-
-    def values(self, key: str) -> list[tuple[int | None, float]]:
-        return [(step, m[key]) for step, m in self.calls if key in m]
 
 
 class TimedModel(LightningModule):

@@ -16,7 +16,6 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.loggers.logger import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.noise_scale import GradientNoiseScale
@@ -28,6 +27,7 @@ from callbacks.noise_scale_math import (
     suggest_batch_note,
     trace_sigma_estimate,
 )
+from tests.conftest import RecordingLogger
 
 
 def test_estimators_hand_computed():
@@ -90,26 +90,6 @@ class _Regression(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)  # the gradient distribution stays put
 
 
-class _ListLogger(Logger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[int, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "list"
-
-    @property
-    def version(self) -> str:
-        return "0"
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.rows.append((int(step or 0), dict(metrics)))
-
-
 def _regression_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, D, generator=gen)
@@ -123,7 +103,7 @@ def _regression_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor,
 def test_b_simple_matches_analytic_value_with_accumulation(tmp_path):
     micro, accumulate, steps = 8, 4, 300
     x, y, w0 = _regression_data(micro * accumulate * steps)
-    callback, logger = GradientNoiseScale(beta=0.99, log_every_n_steps=100), _ListLogger()
+    callback, logger = GradientNoiseScale(beta=0.99, log_every_n_steps=100), RecordingLogger()
     trainer = pl.Trainer(max_epochs=1, accumulate_grad_batches=accumulate, callbacks=[callback], logger=logger,
                          enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
                          default_root_dir=tmp_path)
@@ -132,7 +112,7 @@ def test_b_simple_matches_analytic_value_with_accumulation(tmp_path):
     assert callback.mode == "accumulation"
     assert callback.ema.updates == steps
     assert (callback.batch_small, callback.batch_used) == (micro, micro * accumulate)
-    logged = [(step, m) for step, m in logger.rows if "noise_scale/b_simple" in m]
+    logged = [(step, m) for step, m in logger.calls if "noise_scale/b_simple" in m]
     assert [step for step, _ in logged] == [100, 200, 300]  # every 100 steps; the last one at train end
     final = logged[-1][1]
     assert final["noise_scale/batch_used"] == 32.0 and final["noise_scale/batch_small"] == 8.0
@@ -151,12 +131,12 @@ def test_b_simple_matches_analytic_value_with_accumulation(tmp_path):
 
 def test_one_process_without_accumulation_is_disabled_with_a_reason(tmp_path):
     x, y, w0 = _regression_data(64)
-    callback, logger = GradientNoiseScale(), _ListLogger()
+    callback, logger = GradientNoiseScale(), RecordingLogger()
     trainer = pl.Trainer(max_steps=2, callbacks=[callback], logger=logger, enable_progress_bar=False,
                          enable_checkpointing=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(_Regression(w0), DataLoader(TensorDataset(x, y), batch_size=8))
     assert callback.mode is None and callback.ema.updates == 0
-    assert not any("noise_scale/b_simple" in m for _, m in logger.rows)
+    assert not any("noise_scale/b_simple" in m for _, m in logger.calls)
     ((key, text),) = callback.summary_rows({})
     assert key == "noise_scale" and "accumulate_grad_batches >= 2" in text
 

@@ -13,7 +13,6 @@ import torch
 import torch.multiprocessing as mp
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -28,6 +27,7 @@ from callbacks.timing import (
     serial_fraction,
     union_length,
 )
+from tests.conftest import RecordingLogger
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -42,29 +42,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-class RecordingLogger(Logger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[int, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "recording"
-
-    @property
-    def version(self) -> str:
-        return "0"
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.calls.append((step, dict(metrics)))
-
-    def values(self, key: str) -> list[tuple[int, float]]:
-        return [(step, m[key]) for step, m in self.calls if key in m]
 
 
 class ClockedData(Dataset):
