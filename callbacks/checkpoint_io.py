@@ -6,31 +6,47 @@ way to find the newest good one. This IO writes with fsync + rename and then the
 ``.meta.json`` record (size, SHA-256, step, and the ``atscale`` block a callback puts in the
 checkpoint, e.g. the MLflow run id), so a resume can verify before it trusts.
 
-Wrap it in Lightning's ``AsyncCheckpointIO`` to write in a background thread (tensors are
-cloned on the caller's thread first).
+Given a ``RemoteCheckpoints`` mirror, every published checkpoint is then uploaded to object
+storage (objects, record, ``latest.json`` pointer, in that order); ``remove_checkpoint`` deletes
+both copies. Wrap it in Lightning's ``AsyncCheckpointIO`` to write and upload in a background
+thread (tensors are cloned on the caller's thread first); ``teardown()`` joins it, which is how a
+save on an interruption notice waits for its upload.
 
 Example::
 
     trainer = Trainer(plugins=[AtomicCheckpointIO()])
+    trainer = Trainer(plugins=[AsyncCheckpointIO(AtomicCheckpointIO(
+        mirror=RemoteCheckpoints("s3://bucket/runs/exp/run/checkpoints", Path("runs/exp/run/checkpoints"))))])
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from typing_extensions import override
 
 from callbacks import ckpt_store
+from callbacks.remote_store import RemoteCheckpoints
 
 #: Key of the checkpoint's block of run metadata, copied into the integrity record.
 RUN_METADATA_KEY = "atscale"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``torch.save`` to a temporary file, fsync, rename, then write the integrity record."""
+    """``torch.save`` to a temporary file, fsync, rename, write the integrity record; then upload, if mirrored.
+
+    Args:
+        mirror: the run's checkpoint directory in object storage, or ``None`` for a local run.
+    """
+
+    def __init__(self, mirror: RemoteCheckpoints | None = None) -> None:
+        super().__init__()
+        self.mirror = mirror
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
@@ -47,9 +63,23 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             epoch=checkpoint.get("epoch", 0),
             size=size,
             sha256=sha256,
-            extra=dict(checkpoint.get(RUN_METADATA_KEY, {})),
+            # the run metadata without the per-rank RNG states (they stay in the checkpoint)
+            extra={k: v for k, v in checkpoint.get(RUN_METADATA_KEY, {}).items() if k != "rng"},
         )
+        if self.mirror is not None:
+            self.mirror.publish(path)
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:
         ckpt_store.remove(path)
+        if self.mirror is not None:
+            self.mirror.remove(Path(path).name)
+
+
+def mirror_of(io: CheckpointIO | None) -> RemoteCheckpoints | None:
+    """The object-storage mirror behind a trainer's checkpoint IO (seen through ``AsyncCheckpointIO``), if any."""
+    while io is not None:
+        if isinstance(io, AtomicCheckpointIO):
+            return io.mirror
+        io = getattr(io, "checkpoint_io", None)
+    return None

@@ -53,7 +53,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from callbacks import ckpt_store, notices
-from callbacks.checkpoint_io import RUN_METADATA_KEY
+from callbacks.checkpoint_io import RUN_METADATA_KEY, mirror_of
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -290,13 +290,18 @@ class SpotCheckpoint(Callback):
         trainer.save_checkpoint(path)
         if wait and isinstance(io, AsyncCheckpointIO):
             io.teardown()  # joins the writer thread; it restarts on the next save
+        mirror = mirror_of(io)
         if path.is_dir() and trainer.is_global_zero:
             # sharded (distributed) checkpoints bypass the checkpoint IO: publish them here
             ckpt_store.write_record(path, trainer.global_step, trainer.current_epoch,
                                     extra={"mlflow_run_id": self.mlflow_run_id})
+            if mirror is not None:
+                mirror.publish(path)
         trainer.strategy.barrier("SpotCheckpoint.save")
         if trainer.is_global_zero:  # a save still in flight is not counted: `keep` good ones remain
             ckpt_store.prune(directory, CHECKPOINT_PATTERN, self.keep)
+            if mirror is not None:
+                mirror.prune(CHECKPOINT_PATTERN, self.keep)
         self._last_save_time = time.monotonic()
         if not self._interval_checked and self.interruption_rate > 0:
             self._choose_interval(trainer, save_cost_s=self._last_save_time - started)
@@ -329,10 +334,21 @@ class SpotCheckpoint(Callback):
         trainer.limit_val_batches = 0  # Lightning validates on should_stop: not inside a notice window
         if trainer.is_global_zero:
             source = self.notice.source if self.notice else "peer"
-            log.warning("Interruption notice (%s) -> checkpoint of step %d on disk in %.3f s; stopping.",
-                        source, trainer.global_step, elapsed)
-            self._log(trainer, {"spot/interruptions": self.interruptions, "spot/notice_to_saved_s": elapsed,
-                                "spot/lost_steps": 0})
+            mirror = mirror_of(trainer.strategy.checkpoint_io)
+            metrics = {"spot/interruptions": self.interruptions, "spot/notice_to_saved_s": elapsed,
+                       "spot/lost_steps": 0}
+            where = "on disk"
+            if mirror is not None and mirror.last_publish_s is not None:
+                metrics["spot/upload_s"] = mirror.last_publish_s
+                where = f"uploaded to {mirror.url} (upload {mirror.last_publish_s:.2f} s)"
+            log.warning("Interruption notice (%s) -> checkpoint of step %d %s in %.3f s; stopping.",
+                        source, trainer.global_step, where, elapsed)
+            window = notices.WARNING_SECONDS.get(source)
+            if window is not None and elapsed > window:
+                log.warning("The save took %.1f s, longer than %s's %.0f s notice window: the machine may have "
+                            "gone before it finished; checkpoint more often or to faster storage.",
+                            elapsed, source, window)
+            self._log(trainer, metrics)
             self._requeue()
 
     def _requeue(self) -> None:
@@ -478,3 +494,6 @@ class SpotCheckpoint(Callback):
             io.teardown()
         if trainer.is_global_zero:
             ckpt_store.prune(self._dir(trainer), CHECKPOINT_PATTERN, self.keep)
+            mirror = mirror_of(io)
+            if mirror is not None:
+                mirror.prune(CHECKPOINT_PATTERN, self.keep)

@@ -3,7 +3,9 @@
 What it adds to Lightning's CLI:
 
 - a run directory ``<runs_root>/<experiment>/<run_name>/`` with ``checkpoints/``, the resolved
-  ``config.yaml`` and ``manifest.json``;
+  ``config.yaml`` and ``manifest.json``; ``runs_root`` may be an object-storage URL (``s3://``,
+  ``gs://``, ``az://``): files are then written under ``staging_root`` first and uploaded, and a
+  relaunch on a machine that never saw them resumes from the bucket;
 - MLflow tracking by default (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``): the config as
   flattened params, metrics, artifacts, the model, system metrics; one run however many ranks;
 - resume: relaunching with the same run name continues from the newest good checkpoint, in the
@@ -41,12 +43,13 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from rich.console import Console
 from rich.table import Table
 
-from callbacks import ckpt_store
+from callbacks import ckpt_store, remote_store
 from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO
-from callbacks.cost import CostTracker
+from callbacks.cost import PROGRESS_FILE, CostTracker
 from callbacks.manifest import Manifest
 from callbacks.mlflow_model import LogModel
+from callbacks.remote_store import RemoteCheckpoints, StoreError
 from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
 from callbacks.timing import StepTiming
 
@@ -80,10 +83,23 @@ class RunContext:
     tracking_uri: str
     ckpt_path: str | None
     mlflow_run_id: str | None
+    #: The run directory in object storage (``run_dir`` is then its local staging copy).
+    run_url: str | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
+
+    @property
+    def location(self) -> str:
+        """Where the run's files are kept for good: the object-storage URL, else the local directory."""
+        return self.run_url or str(self.run_dir)
+
+    def remote_checkpoints(self) -> RemoteCheckpoints | None:
+        """The run's checkpoint directory in object storage, mirrored from ``checkpoint_dir``."""
+        if self.run_url is None:
+            return None
+        return RemoteCheckpoints(remote_store.join(self.run_url, "checkpoints"), self.checkpoint_dir)
 
 
 def global_rank_from_env() -> int:
@@ -200,6 +216,35 @@ class TrackedConfig(SaveConfigCallback):
                 logger.experiment.log_artifact(logger.run_id, str(path))
 
 
+class UploadRunFiles(Callback):
+    """Copy the run's config.yaml, manifest.json and cost sidecar to its object-storage directory (rank 0).
+
+    At train start (they are written at setup and fit start) and again at teardown, so a run
+    that ends early still leaves them beside its checkpoints.
+    """
+
+    FILES = ("config.yaml", "manifest.json", f"checkpoints/{PROGRESS_FILE}")
+
+    def __init__(self, run_dir: Path, run_url: str) -> None:
+        self.run_dir, self.run_url = Path(run_dir), run_url
+
+    def upload(self) -> None:
+        for name in self.FILES:
+            if (self.run_dir / name).exists():
+                remote_store.put_file(self.run_dir / name, remote_store.join(self.run_url, name))
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            self.upload()
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        if trainer.is_global_zero:
+            try:
+                self.upload()
+            except Exception as err:  # never mask the run's own outcome
+                log.warning("Could not upload the run files to %s: %s", self.run_url, err)
+
+
 class AtscaleCLI(LightningCLI):
     """LightningCLI with the project's run directory, tracking, resume and safety defaults.
 
@@ -223,7 +268,11 @@ class AtscaleCLI(LightningCLI):
         parser.add_argument("--experiment", type=str, default="default", help="MLflow experiment name.")
         parser.add_argument("--run_name", type=str | None, default=None,
                             help="Run name; relaunching with the same name resumes the run.")
-        parser.add_argument("--runs_root", type=str, default="runs", help="Root of the run directories.")
+        parser.add_argument("--runs_root", type=str, default="runs",
+                            help="Root of the run directories: a local path or an fsspec URL (s3://bucket/runs, "
+                                 "gs://..., az://...) that outlives the machine.")
+        parser.add_argument("--staging_root", type=str, default="runs",
+                            help="Local directory for a remote run's files before upload and after download.")
         parser.add_argument("--ckpt_path", type=str | None, default=None,
                             help="Resume from this checkpoint instead of the run's newest good one.")
         parser.add_argument("--fresh", type=bool, default=False,
@@ -250,11 +299,22 @@ class AtscaleCLI(LightningCLI):
         experiment = cfg.experiment
         inherited = os.environ.get(ENV_RUN_NAME) if launched_by_parent() else None
         run_name = cfg.run_name or inherited or default_run_name()
-        run_dir = Path(cfg.runs_root) / experiment / run_name
+        run_url = None
+        if remote_store.is_remote(cfg.runs_root):
+            run_url = remote_store.join(cfg.runs_root, experiment, run_name)
+            run_dir = Path(cfg.staging_root) / experiment / run_name
+            if not launched_by_parent():  # the launching process has checked
+                try:
+                    remote_store.check_writable(cfg.runs_root)
+                except StoreError as err:
+                    raise UsageError(f"--runs_root {err}") from err
+        else:
+            run_dir = remote_store.local_path(cfg.runs_root) / experiment / run_name
         tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
         check_tracking_server(tracking_uri)
-        ckpt_path, run_id = self._resolve_resume(cfg, run_dir / "checkpoints")
-        self.context = RunContext(experiment, run_name, run_dir, tracking_uri, ckpt_path, run_id)
+        self.context = RunContext(experiment, run_name, run_dir, tracking_uri, None, None, run_url)
+        ckpt_path, run_id = self._resolve_resume(cfg, self.context)
+        self.context.ckpt_path, self.context.mlflow_run_id = ckpt_path, run_id
         # ranks that Lightning launches re-run this command: tell them what was decided
         os.environ[ENV_RUN_NAME] = run_name
         os.environ[ENV_CKPT_PATH] = ckpt_path or ""
@@ -265,26 +325,51 @@ class AtscaleCLI(LightningCLI):
         self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": str(run_dir)}
 
     @staticmethod
-    def _resolve_resume(cfg: Namespace, checkpoint_dir: Path) -> tuple[str | None, str | None]:
+    def _resolve_resume(cfg: Namespace, ctx: RunContext) -> tuple[str | None, str | None]:
         if launched_by_parent():  # a rank launched by the process that decided
             return os.environ[ENV_CKPT_PATH] or None, os.environ.get(ENV_MLFLOW_RUN_ID) or None
+        checkpoint_dir, remote = ctx.checkpoint_dir, ctx.remote_checkpoints()
         if cfg.ckpt_path:
-            path = Path(cfg.ckpt_path)
-            if not path.exists():
-                raise UsageError(f"--ckpt_path {cfg.ckpt_path} does not exist.")
-            record = ckpt_store.read_record(path)
-            return str(path), record.extra.get("mlflow_run_id") if record else None
+            return AtscaleCLI._explicit_checkpoint(cfg.ckpt_path, checkpoint_dir)
         if cfg.fresh:
-            if checkpoint_dir.exists() and global_rank_from_env() == 0:
-                aside = checkpoint_dir.with_name(f"checkpoints.before-{time.strftime('%Y%m%d-%H%M%S')}")
-                shutil.move(checkpoint_dir, aside)
-                log.warning("--fresh: previous checkpoints moved to %s", aside)
+            if global_rank_from_env() == 0:
+                suffix = f"before-{time.strftime('%Y%m%d-%H%M%S')}"
+                if checkpoint_dir.exists():
+                    aside = checkpoint_dir.with_name(f"checkpoints.{suffix}")
+                    shutil.move(checkpoint_dir, aside)
+                    log.warning("--fresh: previous checkpoints moved to %s", aside)
+                if remote is not None and (moved := remote.move_aside(suffix)):
+                    log.warning("--fresh: previous checkpoints moved to %s", moved)
             return None, None
-        record = ckpt_store.newest_good(checkpoint_dir)
+        try:
+            record = remote.fetch_newest_good() if remote else ckpt_store.newest_good(checkpoint_dir)
+            if remote is not None and record is not None:  # the steps the lost machine ran, for the cost
+                remote_store.get_if_missing(remote.object_url(PROGRESS_FILE), checkpoint_dir / PROGRESS_FILE)
+        except OSError as err:
+            raise UsageError(f"cannot read the checkpoints of {ctx.location}: {err}") from err
         if record is None:
             return None, None
-        log.warning("Resuming from %s (step %d).", record.path, record.global_step)
+        source = remote.object_url(record.path.name) if remote else record.path
+        log.warning("Resuming from %s (step %d).", source, record.global_step)
         return str(record.path), record.extra.get("mlflow_run_id")
+
+    @staticmethod
+    def _explicit_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> tuple[str, str | None]:
+        """``--ckpt_path``: a local checkpoint, or one in object storage downloaded and verified first."""
+        if remote_store.is_remote(ckpt_path):
+            parent, name = ckpt_path.rstrip("/").rsplit("/", 1)
+            try:
+                record = RemoteCheckpoints(parent, checkpoint_dir).fetch_named(name)
+            except (StoreError, OSError) as err:
+                raise UsageError(f"--ckpt_path {ckpt_path}: {err}") from err
+            if record is None:
+                raise UsageError(f"--ckpt_path {ckpt_path} is incomplete or corrupt (see the warning above).")
+            return str(record.path), record.extra.get("mlflow_run_id")
+        path = remote_store.local_path(ckpt_path)
+        if not path.exists():
+            raise UsageError(f"--ckpt_path {ckpt_path} does not exist.")
+        local = ckpt_store.read_record(path)
+        return str(path), local.extra.get("mlflow_run_id") if local else None
 
     # ---------------------------------------------------------------- trainer
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
@@ -294,6 +379,8 @@ class AtscaleCLI(LightningCLI):
         seed = self.config.get("seed_everything")
         extra: list[Callback] = [Manifest(ctx.run_dir, seed=seed if isinstance(seed, int) else None),
                                  Baselines(metric=self.config.checkpoint.monitor or "val/acc")]
+        if ctx.run_url is not None:
+            extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
         if self.config.log_model:
             extra.append(LogModel())
         user_callbacks = list(config.get("callbacks") or []) + callbacks
@@ -313,7 +400,7 @@ class AtscaleCLI(LightningCLI):
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
-            io = AtomicCheckpointIO()
+            io = AtomicCheckpointIO(mirror=ctx.remote_checkpoints())
             plugins.append(AsyncCheckpointIO(io) if self.config.async_checkpoint else io)
         config["plugins"] = plugins
         return super()._instantiate_trainer(config, callbacks + extra)
@@ -384,7 +471,7 @@ class AtscaleCLI(LightningCLI):
         if logger is not None:
             table.add_row("mlflow", f"experiment {self.context.experiment!r}, run {logger.run_id}")
             table.add_row("tracking", self.context.tracking_uri)
-        table.add_row("run dir", str(self.context.run_dir))
+        table.add_row("run dir", self.context.location)
         Console(stderr=False).print(table)
 
 

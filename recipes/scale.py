@@ -49,6 +49,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from callbacks.remote_store import is_remote
 from callbacks.scaling_laws import (
     FitComparison,
     amdahl_speedup,
@@ -58,6 +59,7 @@ from callbacks.scaling_laws import (
     speedup_from_throughput,
     usl_speedup,
 )
+from recipes import cli
 from recipes.cli import DEFAULT_TRACKING_URI, USAGE_EXIT_CODE
 
 PROG = "python -m recipes.scale"
@@ -305,9 +307,15 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
         batch = int(batch)
         for n in devices:
             per_device_batch(args.mode, batch, n)  # fail before training anything
-    out_dir = Path(args.out or Path(args.runs_root) / experiment / f"scale-{time.strftime('%Y%m%d-%H%M%S')}")
-    out_dir.mkdir(parents=True, exist_ok=True)
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    try:
+        cli.check_tracking_server(tracking_uri)
+    except cli.UsageError as err:
+        raise UsageError(str(err)) from None
+    # the sweep's own outputs stay local when the runs live in object storage (they are logged to MLflow)
+    out_root = Path("runs") if is_remote(args.runs_root) else Path(args.runs_root)
+    out_dir = Path(args.out or out_root / experiment / f"scale-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)

@@ -1,0 +1,354 @@
+"""Checkpoints in object storage (S3, GCS, Azure Blob, any fsspec URL) that a new machine can resume from.
+
+A spot relaunch usually lands on another machine whose disk never saw the old checkpoints, so a
+run mirrors its local checkpoints (written by ``ckpt_store``'s atomic scheme) to a remote
+directory. Object stores have no rename; publication is made safe by *order* instead:
+
+1. the checkpoint's objects (one file, or every shard of a distributed checkpoint);
+2. its record ``X.meta.json`` (step, epoch, run metadata, size and SHA-256 of every object);
+3. the directory's ``latest.json`` pointer naming ``X``, with the same sizes and checksums.
+
+A writer killed at any moment leaves the previous pointer and records intact. A reader starts
+from the pointer, downloads the checkpoint it names, verifies every object, and falls back to
+the newest older record that verifies: a half-uploaded checkpoint is skipped with a warning.
+
+fsspec and its backends (s3fs, gcsfs, adlfs) do the transfers; what is written here is the
+publication order and the verification, which none of them provides. No Lightning import: the
+checkpoint IO, the spot callback and the CLI share this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.utils import get_protocol
+
+from callbacks import ckpt_store
+
+log = logging.getLogger(__name__)
+
+POINTER_NAME = "latest.json"
+_LOCAL_PROTOCOLS = ("file", "local")
+#: Which optional extra provides each protocol's fsspec backend.
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
+
+
+class StoreError(Exception):
+    """A remote location that cannot be used, said in one line that names the URL."""
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    """Whether ``location`` is an fsspec URL of a non-local filesystem (``s3://``, ``gs://``, ``az://``...)."""
+    return get_protocol(os.fspath(location)) not in _LOCAL_PROTOCOLS
+
+
+def local_path(location: str | os.PathLike) -> Path:
+    """A local location as a path (``file://`` URLs included)."""
+    text = os.fspath(location)
+    return Path(text[len("file://"):] if text.startswith("file://") else text)
+
+
+def join(url: str, *parts: str) -> str:
+    """``url/part/part`` without doubled slashes."""
+    return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem serving ``url`` and the path within it; a missing backend is a ``StoreError``."""
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as err:
+        protocol = get_protocol(url)
+        extra = _EXTRAS.get(protocol)
+        hint = f"pip install 'atscale[{extra}]'" if extra else "install its fsspec backend"
+        raise StoreError(f"{url}: no filesystem for {protocol}:// is installed ({hint})") from err
+    except ValueError as err:  # unknown protocol
+        raise StoreError(f"{url}: {err}") from err
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:300]
+
+
+def check_writable(url: str) -> None:
+    """Fail early, naming ``url``, when it cannot take a run's files (no bucket, bad credentials, no network).
+
+    Writes and deletes a small probe object: listing alone would pass with read-only credentials.
+    """
+    fs, root = filesystem(url)
+    probe = f"{root.rstrip('/')}/.atscale-probe-{secrets.token_hex(4)}"
+    try:
+        fs.pipe_file(probe, b"probe")
+        fs.rm_file(probe)
+    except FileNotFoundError as err:
+        raise StoreError(f"{url}: the bucket or container does not exist ({_describe(err)})") from err
+    except PermissionError as err:
+        raise StoreError(f"{url}: access denied; check the credentials ({_describe(err)})") from err
+    except Exception as err:  # backends raise their own types (botocore, aiohttp, azure)
+        raise StoreError(f"{url}: cannot write there ({type(err).__name__}: {_describe(err)})") from err
+
+
+def put_file(local: str | os.PathLike, url: str) -> None:
+    """Upload one small run file (config, manifest) over whatever ``url`` held."""
+    fs, path = filesystem(url)
+    fs.put_file(os.fspath(local), path)
+
+
+def get_if_missing(url: str, local: str | os.PathLike) -> bool:
+    """Download a small run file unless ``local`` exists; returns whether it was downloaded."""
+    local = Path(local)
+    if local.exists():
+        return False
+    fs, path = filesystem(url)
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return False
+    local.parent.mkdir(parents=True, exist_ok=True)
+    ckpt_store.atomic_write(local, lambda handle: handle.write(data))
+    return True
+
+
+def _sha256(path: Path) -> str:
+    return ckpt_store.file_sha256(path)
+
+
+def _local_files(path: Path) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of each file of a checkpoint: ``{"": ...}`` for one file, relative paths for a directory."""
+    if path.is_dir():
+        return {f.relative_to(path).as_posix(): {"size": f.stat().st_size, "sha256": _sha256(f)}
+                for f in sorted(path.rglob("*")) if f.is_file()}
+    return {"": {"size": path.stat().st_size, "sha256": _sha256(path)}}
+
+
+@dataclass
+class RemoteCheckpoints:
+    """A run's checkpoint directory in object storage, mirrored from and restored to a local one.
+
+    Args:
+        url: the remote directory, e.g. ``s3://bucket/runs/exp/run/checkpoints``.
+        local_dir: where checkpoints are written before upload and downloaded before resume.
+    """
+
+    url: str
+    local_dir: Path
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+        self.local_dir = Path(self.local_dir)
+        self.fs, self.root = filesystem(self.url)
+        #: Seconds the last ``publish`` took (the upload a notice save waits for).
+        self.last_publish_s: float | None = None
+
+    # ---------------------------------------------------------------- paths
+    def _path(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *(p for p in parts if p)])
+
+    def object_url(self, name: str) -> str:
+        return join(self.url, name)
+
+    # -------------------------------------------------------------- writing
+    def publish(self, local: str | os.PathLike) -> float:
+        """Upload a locally published checkpoint: objects, then its record, then the pointer. Returns seconds."""
+        started = time.monotonic()
+        local = Path(local)
+        record = ckpt_store.read_record(local, verify_hash=False)
+        if record is None and not local.exists():
+            log.info("%s was removed before its upload (a replaced best checkpoint); not uploading it.", local)
+            return 0.0
+        if record is None:
+            raise StoreError(f"{local}: not a published checkpoint (no valid record); not uploading it")
+        try:
+            files = _local_files(local)
+            for rel in files:
+                self.fs.put_file(os.fspath(local / rel if rel else local), self._path(local.name, rel))
+        except FileNotFoundError:
+            if local.exists():
+                raise
+            log.info("%s was removed during its upload (a replaced best checkpoint); not publishing it.", local)
+            return 0.0
+        remote_record = {
+            "name": local.name,
+            "global_step": record.global_step,
+            "epoch": record.epoch,
+            "saved_at": record.saved_at,
+            "extra": record.extra,
+            "files": files,
+        }
+        payload = json.dumps(remote_record, indent=1).encode()
+        self.fs.pipe_file(self._path(local.name + ckpt_store.META_SUFFIX), payload)
+        pointer = self.read_pointer()
+        if pointer is None or int(pointer.get("global_step", -1)) <= record.global_step:
+            self.fs.pipe_file(self._path(POINTER_NAME), payload)
+        self.last_publish_s = time.monotonic() - started
+        log.info("Uploaded %s to %s in %.2f s.", local.name, self.url, self.last_publish_s)
+        return self.last_publish_s
+
+    def remove(self, name: str) -> None:
+        """Delete a checkpoint's record, then its objects (a half-deleted checkpoint is never good)."""
+        meta = self._path(name + ckpt_store.META_SUFFIX)
+        if self.fs.exists(meta):
+            self.fs.rm_file(meta)
+        target = self._path(name)
+        if self.fs.exists(target):
+            self.fs.rm(target, recursive=True)
+
+    def prune(self, pattern: str, keep: int) -> list[str]:
+        """Keep the ``keep`` newest recorded checkpoints matching ``pattern``; delete older ones and old debris.
+
+        Debris is an object of the pattern without a record whose name sorts before the newest
+        recorded one (an upload killed half-way); a newer unrecorded one may be an upload in flight.
+        """
+        recorded = [r["name"] for r in self.records() if fnmatch(r["name"], pattern)]
+        removed = []
+        for name in recorded[keep:]:
+            self.remove(name)
+            removed.append(name)
+        if recorded:
+            newest = recorded[0]
+            for name in self._names():
+                if (fnmatch(name, pattern) and not name.endswith(ckpt_store.META_SUFFIX)
+                        and name not in recorded and name < newest):
+                    self.remove(name)
+                    removed.append(name)
+        return removed
+
+    def move_aside(self, suffix: str) -> str | None:
+        """Move the whole remote directory to ``<url>.<suffix>`` (for ``--fresh``); returns where, or None."""
+        if not self.fs.exists(self.root):
+            return None
+        target = f"{self.root}.{suffix}"
+        self.fs.mv(self.root, target, recursive=True)
+        return f"{self.url}.{suffix}"
+
+    # -------------------------------------------------------------- reading
+    def _names(self) -> list[str]:
+        try:
+            entries = self.fs.ls(self.root, detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        return [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
+
+    def _read_json(self, name: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.fs.cat_file(self._path(name)))
+        except FileNotFoundError:
+            return None
+        except ValueError as err:
+            log.warning("%s is unreadable (%s); ignoring it.", self.object_url(name), err)
+            return None
+        if not isinstance(data, dict) or "name" not in data or "files" not in data:
+            log.warning("%s is not a checkpoint record; ignoring it.", self.object_url(name))
+            return None
+        return data
+
+    def read_pointer(self) -> dict[str, Any] | None:
+        """The ``latest.json`` pointer, if there is a readable one."""
+        return self._read_json(POINTER_NAME)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every checkpoint record in the directory, newest (step, then save time) first; unverified."""
+        self.fs.invalidate_cache(self.root)
+        found = [self._read_json(n) for n in self._names() if n.endswith(ckpt_store.META_SUFFIX)]
+        records = [r for r in found if r is not None]
+        return sorted(records, key=lambda r: (int(r["global_step"]), float(r["saved_at"])), reverse=True)
+
+    def _remote_complete(self, record: dict[str, Any]) -> bool:
+        """Cheap check before a download: every object exists with the recorded size."""
+        name = record["name"]
+        for rel, want in record["files"].items():
+            try:
+                size = self.fs.info(self._path(name, rel))["size"]
+            except FileNotFoundError:
+                log.warning("Checkpoint %s is incomplete: %s is missing (an upload killed half-way?); skipping it.",
+                            self.object_url(name), rel or name)
+                return False
+            if size != want["size"]:
+                log.warning("Checkpoint %s is incomplete: %s has %d bytes, its record says %d; skipping it.",
+                            self.object_url(name), rel or name, size, want["size"])
+                return False
+        return True
+
+    def _staged(self, record: dict[str, Any]) -> ckpt_store.CheckpointRecord | None:
+        """A local copy of the recorded checkpoint that already verifies (a relaunch on the same machine)."""
+        path = self.local_dir / record["name"]
+        if not ckpt_store.meta_path(path).exists():
+            return None
+        local = ckpt_store.read_record(path)
+        if local is None or local.global_step != int(record["global_step"]):
+            return None
+        files = record["files"]
+        if path.is_file() and files.get("", {}).get("sha256") != local.sha256:
+            return None
+        return local
+
+    def fetch(self, record: dict[str, Any]) -> ckpt_store.CheckpointRecord | None:
+        """Download the checkpoint of ``record`` into the local directory and verify every object.
+
+        Returns the local record, or ``None`` (with a warning) if any object is missing, short or corrupt.
+        """
+        name = record["name"]
+        staged = self._staged(record)
+        if staged is not None:
+            return staged
+        if not self._remote_complete(record):
+            return None
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        target = self.local_dir / name
+        tmp = self.local_dir / f".{name}.download-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        try:
+            for rel, want in record["files"].items():
+                dest = tmp / rel if rel else tmp
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                self.fs.get_file(self._path(name, rel), os.fspath(dest))
+                if dest.stat().st_size != want["size"] or _sha256(dest) != want["sha256"]:
+                    log.warning("Checkpoint %s is corrupt: %s fails its size/SHA-256 check; skipping it.",
+                                self.object_url(name), rel or name)
+                    return None
+            ckpt_store.remove(target)
+            os.replace(tmp, target)
+        finally:
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+        files = record["files"]
+        single = files.get("") if "" in files else None
+        return ckpt_store.write_record(target, int(record["global_step"]), int(record["epoch"]),
+                                       size=single["size"] if single else None,
+                                       sha256=single["sha256"] if single else None,
+                                       extra=dict(record.get("extra") or {}))
+
+    def fetch_newest_good(self) -> ckpt_store.CheckpointRecord | None:
+        """Resume point: the checkpoint the pointer names, else the newest older record that verifies."""
+        pointer = self.read_pointer()
+        records = self.records()
+        ordered = ([pointer] if pointer else []) + [r for r in records if not pointer or r["name"] != pointer["name"]]
+        if pointer and not any(r["name"] == pointer["name"] for r in records):
+            log.warning("%s names %s, which has no record; ignoring the pointer.",
+                        self.object_url(POINTER_NAME), pointer["name"])
+            ordered = ordered[1:]
+        for record in ordered:
+            local = self.fetch(record)
+            if local is not None:
+                return local
+        return None
+
+    def fetch_named(self, name: str) -> ckpt_store.CheckpointRecord | None:
+        """Download and verify one recorded checkpoint by name (an explicit ``--ckpt_path`` URL)."""
+        record = self._read_json(name + ckpt_store.META_SUFFIX)
+        if record is None:
+            raise StoreError(f"{self.object_url(name)} has no checkpoint record; cannot verify it")
+        return self.fetch(record)

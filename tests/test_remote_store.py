@@ -1,0 +1,209 @@
+"""Checkpoints in object storage against a real S3 API (moto's server on 127.0.0.1).
+
+Publication order (objects, record, pointer last), the pointer's checksums, resume falling back past
+a half-uploaded checkpoint, directory (sharded) checkpoints, pruning, and early errors naming the URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import secrets
+from pathlib import Path
+
+import pytest
+import s3fs
+import torch
+
+from callbacks import ckpt_store, remote_store
+from callbacks.checkpoint_io import AtomicCheckpointIO, mirror_of
+from callbacks.remote_store import POINTER_NAME, RemoteCheckpoints, StoreError
+from tests.servers import S3Server, moto_s3, moto_s3_strict  # noqa: F401 - fixtures
+
+
+def _use(server: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point s3fs at ``server`` through the environment, as a user's credentials and endpoint would."""
+    for key, value in server.env.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def bucket(moto_s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
+    _use(moto_s3, monkeypatch)
+    yield moto_s3.make_bucket(f"ckpt-{secrets.token_hex(4)}")
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def save(io: AtomicCheckpointIO, directory: Path, name: str, step: int, run_id: str = "run-1") -> Path:
+    path = directory / name
+    io.save_checkpoint({"global_step": step, "epoch": step // 10, "w": torch.full((64,), float(step)),
+                        "atscale": {"mlflow_run_id": run_id, "rng": [{"python": [1, 2]}]}}, path)
+    return path
+
+
+def test_publish_writes_objects_then_record_then_a_pointer_with_checksums(
+        bucket: str, moto_s3: S3Server, tmp_path: Path) -> None:
+    url = f"s3://{bucket}/runs/exp/run/checkpoints"
+    io = AtomicCheckpointIO(mirror=RemoteCheckpoints(url, tmp_path))
+    save(io, tmp_path, "step=00000010.ckpt", 10)
+    newest = save(io, tmp_path, "step=00000020.ckpt", 20)
+
+    prefix = "runs/exp/run/checkpoints/"
+    assert sorted(moto_s3.keys(bucket, prefix)) == [prefix + k for k in (
+        POINTER_NAME, "step=00000010.ckpt", "step=00000010.ckpt.meta.json",
+        "step=00000020.ckpt", "step=00000020.ckpt.meta.json")]
+    client = moto_s3.client()
+    body = client.get_object(Bucket=bucket, Key=prefix + "step=00000020.ckpt")["Body"].read()
+    assert body == newest.read_bytes()
+    pointer = json.loads(client.get_object(Bucket=bucket, Key=prefix + POINTER_NAME)["Body"].read())
+    assert pointer["name"] == "step=00000020.ckpt" and pointer["global_step"] == 20 and pointer["epoch"] == 2
+    assert pointer["files"] == {"": {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}}
+    assert pointer["extra"] == {"mlflow_run_id": "run-1"}  # the run id travels; RNG states stay in the file
+    # the pointer is the newest record, written after it: the same bytes
+    record = client.get_object(Bucket=bucket, Key=prefix + "step=00000020.ckpt.meta.json")["Body"].read()
+    assert json.loads(record) == pointer
+
+
+def test_a_new_machine_resumes_from_the_pointer(bucket: str, tmp_path: Path) -> None:
+    url = f"s3://{bucket}/c"
+    io = AtomicCheckpointIO(mirror=RemoteCheckpoints(url, tmp_path / "a"))
+    save(io, tmp_path / "a", "step=00000010.ckpt", 10)
+    original = save(io, tmp_path / "a", "step=00000020.ckpt", 20)
+
+    fresh = tmp_path / "b" / "checkpoints"
+    record = RemoteCheckpoints(url, fresh).fetch_newest_good()
+    assert record is not None and record.global_step == 20 and record.path == fresh / "step=00000020.ckpt"
+    assert record.path.read_bytes() == original.read_bytes()
+    assert record.extra == {"mlflow_run_id": "run-1"}
+    assert ckpt_store.newest_good(fresh) == record  # published locally too, with its integrity record
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "same-size-corrupt"])
+def test_pointer_to_an_incomplete_checkpoint_falls_back_to_the_previous(
+        bucket: str, moto_s3: S3Server, tmp_path: Path, damage: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An upload killed half-way: the pointer names step 20, whose object is not what it says."""
+    url = f"s3://{bucket}/c"
+    io = AtomicCheckpointIO(mirror=RemoteCheckpoints(url, tmp_path / "a"))
+    previous = save(io, tmp_path / "a", "step=00000010.ckpt", 10)
+    newest = save(io, tmp_path / "a", "step=00000020.ckpt", 20)
+    client, key = moto_s3.client(), "c/step=00000020.ckpt"
+    data = newest.read_bytes()
+    if damage == "truncated":
+        client.put_object(Bucket=bucket, Key=key, Body=data[: len(data) // 2])
+    elif damage == "missing":
+        client.delete_object(Bucket=bucket, Key=key)
+    else:
+        client.put_object(Bucket=bucket, Key=key, Body=data[:100] + bytes(64) + data[164:])
+
+    with caplog.at_level(logging.WARNING, logger="callbacks.remote_store"):
+        record = RemoteCheckpoints(url, tmp_path / "b").fetch_newest_good()
+    assert record is not None and record.global_step == 10
+    assert record.path.read_bytes() == previous.read_bytes()
+    expected = {
+        "truncated": f"Checkpoint {url}/step=00000020.ckpt is incomplete: step=00000020.ckpt has {len(data) // 2} "
+                     f"bytes, its record says {len(data)}; skipping it.",
+        "missing": f"Checkpoint {url}/step=00000020.ckpt is incomplete: step=00000020.ckpt is missing "
+                   "(an upload killed half-way?); skipping it.",
+        "same-size-corrupt": f"Checkpoint {url}/step=00000020.ckpt is corrupt: step=00000020.ckpt fails its "
+                             "size/SHA-256 check; skipping it.",
+    }[damage]
+    assert expected in caplog.messages
+    assert not (tmp_path / "b" / "step=00000020.ckpt").exists()  # nothing half-downloaded left behind
+    assert [p.name for p in (tmp_path / "b").iterdir() if p.name.startswith(".")] == []
+
+
+def test_sharded_directory_checkpoint_round_trips_and_a_missing_shard_is_skipped(
+        bucket: str, moto_s3: S3Server, tmp_path: Path) -> None:
+    url = f"s3://{bucket}/fsdp"
+    mirror = RemoteCheckpoints(url, tmp_path / "a")
+    for step in (5, 9):
+        shard_dir = tmp_path / "a" / f"step={step:08d}.ckpt"
+        for rank in range(2):
+            (shard_dir / f"__{rank}_0.distcp").parent.mkdir(parents=True, exist_ok=True)
+            (shard_dir / f"__{rank}_0.distcp").write_bytes(bytes([rank, step]) * 1000)
+        (shard_dir / ".metadata").write_bytes(b"meta" * step)
+        ckpt_store.write_record(shard_dir, step, 0, extra={"mlflow_run_id": "r"})
+        mirror.publish(shard_dir)
+
+    record = RemoteCheckpoints(url, tmp_path / "b").fetch_newest_good()
+    assert record is not None and record.global_step == 9 and record.path.is_dir()
+    assert sorted(p.name for p in record.path.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert (record.path / "__1_0.distcp").read_bytes() == bytes([1, 9]) * 1000
+
+    moto_s3.client().delete_object(Bucket=bucket, Key="fsdp/step=00000009.ckpt/__1_0.distcp")
+    record = RemoteCheckpoints(url, tmp_path / "c").fetch_newest_good()
+    assert record is not None and record.global_step == 5
+
+
+def test_a_staged_copy_that_verifies_is_not_downloaded_again(bucket: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"s3://{bucket}/c"
+    mirror = RemoteCheckpoints(url, tmp_path)
+    path = save(AtomicCheckpointIO(mirror=mirror), tmp_path, "step=00000003.ckpt", 3)
+
+    def no_download(*args: object, **kwargs: object) -> None:
+        raise AssertionError("downloaded a checkpoint the machine already has")
+
+    relaunch = RemoteCheckpoints(url, tmp_path)
+    monkeypatch.setattr(relaunch.fs, "get_file", no_download)
+    record = relaunch.fetch_newest_good()
+    assert record is not None and record.path == path and record.global_step == 3
+
+
+def test_the_pointer_never_moves_back_and_prune_keeps_the_newest(bucket: str, moto_s3: S3Server,
+                                                                  tmp_path: Path) -> None:
+    url = f"s3://{bucket}/c"
+    mirror = RemoteCheckpoints(url, tmp_path)
+    io = AtomicCheckpointIO(mirror=mirror)
+    for step in (10, 30, 20, 40):  # 20 arrives after 30 (a slow best-checkpoint save)
+        save(io, tmp_path, f"step={step:08d}.ckpt", step)
+        if step == 20:
+            assert mirror.read_pointer()["name"] == "step=00000030.ckpt"
+    moto_s3.client().put_object(Bucket=bucket, Key="c/step=00000005.ckpt", Body=b"debris of a killed upload")
+    moto_s3.client().put_object(Bucket=bucket, Key="c/step=00000050.ckpt", Body=b"an upload in flight")
+
+    removed = mirror.prune("step=*.ckpt", keep=2)
+    assert sorted(removed) == ["step=00000005.ckpt", "step=00000010.ckpt", "step=00000020.ckpt"]
+    assert [r["name"] for r in mirror.records()] == ["step=00000040.ckpt", "step=00000030.ckpt"]
+    assert "c/step=00000050.ckpt" in moto_s3.keys(bucket, "c/")
+    assert mirror.read_pointer()["name"] == "step=00000040.ckpt"
+
+
+def test_remove_deletes_both_copies(bucket: str, moto_s3: S3Server, tmp_path: Path) -> None:
+    io = AtomicCheckpointIO(mirror=RemoteCheckpoints(f"s3://{bucket}/c", tmp_path))
+    path = save(io, tmp_path, "best-000-00000007.ckpt", 7)
+    assert mirror_of(io) is io.mirror
+    io.remove_checkpoint(path)
+    assert not path.exists() and not ckpt_store.meta_path(path).exists()
+    assert moto_s3.keys(bucket, "c/best") == []
+
+
+def test_early_errors_name_the_url(bucket: str, moto_s3: S3Server, moto_s3_strict: S3Server,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    remote_store.check_writable(f"s3://{bucket}/runs")  # a good one passes and leaves nothing behind
+    assert moto_s3.keys(bucket) == []
+    with pytest.raises(StoreError, match=r"^s3://no-such-bucket-atscale/runs: the bucket or container does "
+                                         r"not exist \(The specified bucket does not exist\)$"):
+        remote_store.check_writable("s3://no-such-bucket-atscale/runs")
+    _use(moto_s3_strict, monkeypatch)
+    with pytest.raises(StoreError, match=rf"^s3://{bucket}/runs: access denied; check the credentials"):
+        remote_store.check_writable(f"s3://{bucket}/runs")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gcsfs") is not None, reason="gcsfs is installed")
+def test_a_missing_backend_names_the_extra_to_install() -> None:
+    with pytest.raises(StoreError, match=r"^gs://b/runs: no filesystem for gs:// is installed "
+                                         r"\(pip install 'atscale\[gcs\]'\)$"):
+        remote_store.check_writable("gs://b/runs")
+
+
+def test_local_locations_are_not_remote() -> None:
+    assert not remote_store.is_remote("runs") and not remote_store.is_remote("/abs/runs")
+    assert not remote_store.is_remote("file:///abs/runs")
+    assert remote_store.local_path("file:///abs/runs") == Path("/abs/runs")
+    assert remote_store.is_remote("s3://b/runs") and remote_store.is_remote("az://c/runs")
+    assert remote_store.join("s3://b/runs/", "exp", "/run") == "s3://b/runs/exp/run"
