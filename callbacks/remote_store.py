@@ -226,10 +226,14 @@ class RemoteCheckpoints:
 
     def move_aside(self, suffix: str) -> str | None:
         """Move the whole remote directory to ``<url>.<suffix>`` (for ``--fresh``); returns where, or None."""
-        if not self.fs.exists(self.root):
+        self.fs.invalidate_cache(self.root)
+        objects = self.fs.find(self.root)
+        if not objects:
             return None
         target = f"{self.root}.{suffix}"
-        self.fs.mv(self.root, target, recursive=True)
+        for path in objects:  # copy everything, then delete: an object store has no directory rename
+            self.fs.copy(path, target + path[len(self.root):])
+        self.fs.rm(objects)
         return f"{self.url}.{suffix}"
 
     # -------------------------------------------------------------- reading

@@ -342,16 +342,34 @@ class AtscaleCLI(LightningCLI):
                     log.warning("--fresh: previous checkpoints moved to %s", moved)
             return None, None
         try:
-            record = remote.fetch_newest_good() if remote else ckpt_store.newest_good(checkpoint_dir)
-            if remote is not None and record is not None:  # the steps the lost machine ran, for the cost
-                remote_store.get_if_missing(remote.object_url(PROGRESS_FILE), checkpoint_dir / PROGRESS_FILE)
-        except OSError as err:
+            record = ckpt_store.newest_good(checkpoint_dir)
+            if remote is not None:
+                record = AtscaleCLI._newest_of_bucket_and_staging(remote, record)
+                if record is not None:  # the steps the lost machine ran, for the cost
+                    remote_store.get_if_missing(remote.object_url(PROGRESS_FILE), checkpoint_dir / PROGRESS_FILE)
+        except (OSError, StoreError) as err:
             raise UsageError(f"cannot read the checkpoints of {ctx.location}: {err}") from err
         if record is None:
             return None, None
         source = remote.object_url(record.path.name) if remote else record.path
         log.warning("Resuming from %s (step %d).", source, record.global_step)
         return str(record.path), record.extra.get("mlflow_run_id")
+
+    @staticmethod
+    def _newest_of_bucket_and_staging(remote: RemoteCheckpoints, staged: ckpt_store.CheckpointRecord | None,
+                                      ) -> ckpt_store.CheckpointRecord | None:
+        """The bucket's newest good checkpoint, unless this machine staged a newer one that never got uploaded.
+
+        A relaunch on the same machine after an upload failed (or was killed) must not go back in time:
+        the newer staged checkpoint is uploaded first, then resumed from.
+        """
+        pointer = remote.read_pointer()
+        if staged is not None and (pointer is None or staged.global_step > int(pointer["global_step"])):
+            log.warning("The staged checkpoint %s (step %d) is newer than the bucket's; uploading it first.",
+                        staged.path, staged.global_step)
+            remote.publish(staged.path)
+            return staged
+        return remote.fetch_newest_good()
 
     @staticmethod
     def _explicit_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> tuple[str, str | None]:

@@ -207,3 +207,44 @@ def test_local_locations_are_not_remote() -> None:
     assert remote_store.local_path("file:///abs/runs") == Path("/abs/runs")
     assert remote_store.is_remote("s3://b/runs") and remote_store.is_remote("az://c/runs")
     assert remote_store.join("s3://b/runs/", "exp", "/run") == "s3://b/runs/exp/run"
+
+
+def test_fresh_moves_the_remote_checkpoints_aside(bucket: str, moto_s3: S3Server, tmp_path: Path) -> None:
+    mirror = RemoteCheckpoints(f"s3://{bucket}/r/checkpoints", tmp_path)
+    save(AtomicCheckpointIO(mirror=mirror), tmp_path, "step=00000004.ckpt", 4)
+    assert mirror.move_aside("before-x") == f"s3://{bucket}/r/checkpoints.before-x"
+    assert mirror.records() == [] and mirror.read_pointer() is None
+    assert sorted(moto_s3.keys(bucket, "r/")) == [f"r/checkpoints.before-x/{k}" for k in (
+        POINTER_NAME, "step=00000004.ckpt", "step=00000004.ckpt.meta.json")]
+    assert mirror.move_aside("again") is None  # nothing left to move
+
+
+def test_explicit_ckpt_path_url_is_downloaded_verified_and_names_its_run(bucket: str, moto_s3: S3Server,
+                                                                         tmp_path: Path) -> None:
+    from recipes.cli import AtscaleCLI, UsageError
+
+    url = f"s3://{bucket}/r/checkpoints"
+    original = save(AtomicCheckpointIO(mirror=RemoteCheckpoints(url, tmp_path / "a")), tmp_path / "a",
+                    "step=00000006.ckpt", 6, run_id="abc123")
+    path, run_id = AtscaleCLI._explicit_checkpoint(f"{url}/step=00000006.ckpt", tmp_path / "b")
+    assert Path(path) == tmp_path / "b" / "step=00000006.ckpt" and run_id == "abc123"
+    assert Path(path).read_bytes() == original.read_bytes()
+    with pytest.raises(UsageError, match=rf"^--ckpt_path {url}/nope.ckpt: {url}/nope.ckpt has no checkpoint record"):
+        AtscaleCLI._explicit_checkpoint(f"{url}/nope.ckpt", tmp_path / "c")
+    moto_s3.client().put_object(Bucket=bucket, Key="r/checkpoints/step=00000006.ckpt", Body=b"cut short")
+    with pytest.raises(UsageError, match=r"step=00000006.ckpt is incomplete or corrupt"):
+        AtscaleCLI._explicit_checkpoint(f"{url}/step=00000006.ckpt", tmp_path / "d")
+
+
+def test_a_newer_staged_checkpoint_is_uploaded_and_wins_over_the_bucket(bucket: str, tmp_path: Path) -> None:
+    """The same machine relaunched after an upload died: it must not go back to the bucket's older step."""
+    from recipes.cli import AtscaleCLI
+
+    mirror = RemoteCheckpoints(f"s3://{bucket}/r/checkpoints", tmp_path)
+    save(AtomicCheckpointIO(mirror=mirror), tmp_path, "step=00000010.ckpt", 10)
+    save(AtomicCheckpointIO(mirror=None), tmp_path, "step=00000020.ckpt", 20)  # its upload never happened
+    record = AtscaleCLI._newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path))
+    assert record is not None and record.global_step == 20
+    assert mirror.read_pointer()["name"] == "step=00000020.ckpt"
+    older = AtscaleCLI._newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path / "empty"))
+    assert older is not None and older.global_step == 20 and older.path == tmp_path / "step=00000020.ckpt"
