@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from typing_extensions import override
 
 from callbacks import ckpt_store
 from callbacks.remote_store import RemoteCheckpoints
+
+log = logging.getLogger(__name__)
 
 #: Key of the checkpoint's block of run metadata, copied into the integrity record.
 RUN_METADATA_KEY = "atscale"
@@ -47,6 +50,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def __init__(self, mirror: RemoteCheckpoints | None = None) -> None:
         super().__init__()
         self.mirror = mirror
+        #: Uploads that failed (each logged as an error); the run goes on with its local checkpoints.
+        self.upload_failures = 0
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
@@ -67,7 +72,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             extra={k: v for k, v in checkpoint.get(RUN_METADATA_KEY, {}).items() if k != "rng"},
         )
         if self.mirror is not None:
-            self.mirror.publish(path)
+            try:
+                self.mirror.publish(path)
+            except Exception as err:  # a store outage must not end a run whose checkpoints are safe locally
+                self.upload_failures += 1
+                log.error("Could not upload checkpoint %s to %s (%s: %s); training goes on, the local copy is "
+                          "intact, and the next checkpoint is uploaded as usual.",
+                          path, self.mirror.url, type(err).__name__, err)
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:

@@ -162,6 +162,7 @@ class RemoteCheckpoints:
     def publish(self, local: str | os.PathLike) -> float:
         """Upload a locally published checkpoint: objects, then its record, then the pointer. Returns seconds."""
         started = time.monotonic()
+        self.last_publish_s = None
         local = Path(local)
         record = ckpt_store.read_record(local, verify_hash=False)
         if record is None and not local.exists():

@@ -341,6 +341,8 @@ class SpotCheckpoint(Callback):
             if mirror is not None and mirror.last_publish_s is not None:
                 metrics["spot/upload_s"] = mirror.last_publish_s
                 where = f"uploaded to {mirror.url} (upload {mirror.last_publish_s:.2f} s)"
+            elif mirror is not None:
+                where = f"on disk, but NOT uploaded to {mirror.url} (see the error above)"
             log.warning("Interruption notice (%s) -> checkpoint of step %d %s in %.3f s; stopping.",
                         source, trainer.global_step, where, elapsed)
             window = notices.WARNING_SECONDS.get(source)

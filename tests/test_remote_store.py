@@ -248,3 +248,15 @@ def test_a_newer_staged_checkpoint_is_uploaded_and_wins_over_the_bucket(bucket: 
     assert mirror.read_pointer()["name"] == "step=00000020.ckpt"
     older = AtscaleCLI._newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path / "empty"))
     assert older is not None and older.global_step == 20 and older.path == tmp_path / "step=00000020.ckpt"
+
+
+def test_a_failed_upload_is_logged_and_training_goes_on(bucket: str, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    io = AtomicCheckpointIO(mirror=RemoteCheckpoints("s3://atscale-bucket-gone/r/checkpoints", tmp_path))
+    with caplog.at_level(logging.ERROR, logger="callbacks.checkpoint_io"):
+        path = save(io, tmp_path, "step=00000008.ckpt", 8)
+    assert io.upload_failures == 1
+    assert ckpt_store.newest_good(tmp_path).path == path  # the local checkpoint is published and intact
+    (message,) = caplog.messages
+    assert message.startswith(f"Could not upload checkpoint {path} to s3://atscale-bucket-gone/r/checkpoints "
+                              "(FileNotFoundError: The specified bucket does not exist); training goes on")
