@@ -24,6 +24,7 @@ import torch
 
 from callbacks.remote_store import RemoteCheckpoints
 from callbacks.spot import REQUEUE_EXIT_CODE
+from recipes import compare, promote, reproduce, scale
 from tests.conftest import CONFIGS, FAST, cli_env, fit_command, run_fit
 from tests.servers import S3Server, free_port, mlflow_server, moto_s3, moto_s3_strict  # noqa: F401 - fixtures
 from tests.test_spot_resume import assert_bitwise_equal, final_weights
@@ -125,7 +126,8 @@ def test_relaunch_on_a_new_machine_resumes_from_the_bucket_exactly(
 
 
 def test_bad_remote_inputs_fail_before_training_with_exit_2(
-        moto_s3: S3Server, moto_s3_strict: S3Server, tmp_path: Path) -> None:
+        moto_s3: S3Server, moto_s3_strict: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture) -> None:
     bucket = moto_s3.make_bucket("atscale-bad-inputs")
     cases = [
         (machine_env(tmp_path, moto_s3), "s3://atscale-no-such-bucket/runs",
@@ -139,15 +141,17 @@ def test_bad_remote_inputs_fail_before_training_with_exit_2(
         assert result.returncode == 2, (root, result.stderr[-3000:])
         assert message in result.stderr, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
-    # an unreachable tracking server: fit's case is in test_bad_input.py; the sweep and the team's tools here
+    # an unreachable tracking server: fit's case is in test_bad_input.py; the sweep and the team's tools here,
+    # called in-process (their check is the same code path as under a subprocess, without the imports' cost)
     dead = f"http://127.0.0.1:{free_port()}"
-    env = machine_env(tmp_path, moto_s3, dead)
-    for tool in (["recipes.scale", "--config", str(CONFIGS / "digits.yaml"), "--devices", "1,2",
-                  "--runs-root", f"s3://{bucket}/runs"], ["recipes.compare", "--experiment", "digits"],
-                 ["recipes.promote", "--experiment", "digits"], ["recipes.reproduce", "0123abcd"]):
-        result = subprocess.run([sys.executable, "-m", *tool], cwd=tmp_path, env=env, capture_output=True,
-                                text=True, timeout=120)
-        assert result.returncode == 2, (tool, result.stderr[-3000:])
-        assert f"error: MLflow tracking server {dead} is unreachable" in result.stderr, (tool, result.stderr)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", dead)
+    monkeypatch.chdir(tmp_path)
+    tools = [(scale.main, ["--config", str(CONFIGS / "digits.yaml"), "--devices", "1,2",
+                           "--runs-root", f"s3://{bucket}/runs"]),
+             (compare.main, ["--experiment", "digits"]), (promote.main, ["--experiment", "digits"]),
+             (reproduce.main, ["0123abcd"])]
+    for main, argv in tools:
+        assert main(argv) == 2, main.__module__
+        assert f"error: MLflow tracking server {dead} is unreachable" in capsys.readouterr().err, main.__module__
     assert not (tmp_path / "runs").exists()  # nothing was trained or staged
     assert moto_s3.keys(bucket) == []  # and nothing written: the probe removes itself
