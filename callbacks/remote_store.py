@@ -19,18 +19,21 @@ checkpoint IO, the spot callback and the CLI share this module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import fsspec.callbacks
 from fsspec.utils import get_protocol
 
 from callbacks import ckpt_store
@@ -120,6 +123,44 @@ def get_if_missing(url: str, local: str | os.PathLike) -> bool:
     return True
 
 
+#: Downloads at least this large show a progress bar (smaller ones finish before it would help).
+PROGRESS_MIN_BYTES = 64 << 20
+
+
+class _RichBytes(fsspec.callbacks.Callback):
+    """An fsspec transfer callback that advances a rich progress bar across several files."""
+
+    def __init__(self, progress: Any, task: Any) -> None:
+        super().__init__()
+        self._progress, self._task, self._base, self._file_value = progress, task, 0, 0
+
+    def set_size(self, size: int) -> None:  # a new file starts
+        self._base += self._file_value
+        self._file_value = 0
+
+    def relative_update(self, inc: int = 1) -> None:
+        self._file_value += inc
+        self._progress.update(self._task, completed=self._base + self._file_value)
+
+    def absolute_update(self, value: int) -> None:
+        self._file_value = value
+        self._progress.update(self._task, completed=self._base + value)
+
+
+@contextlib.contextmanager
+def _progress(description: str, total: int) -> Iterator[fsspec.callbacks.Callback]:
+    """A byte progress bar on stderr for a large transfer; a no-op callback for a small one."""
+    if total < PROGRESS_MIN_BYTES:
+        yield fsspec.callbacks.NoOpCallback()
+        return
+    from rich.console import Console
+    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+    with Progress(*Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
+                  console=Console(stderr=True), transient=True) as progress:
+        yield _RichBytes(progress, progress.add_task(description, total=total))
+
+
 def _sha256(path: Path) -> str:
     return ckpt_store.file_sha256(path)
 
@@ -150,6 +191,8 @@ class RemoteCheckpoints:
         self.fs, self.root = filesystem(self.url)
         #: Seconds the last ``publish`` took (the upload a notice save waits for).
         self.last_publish_s: float | None = None
+        #: ``(bytes, seconds)`` of the last download; ``None`` when the staged copy was reused.
+        self.last_fetch: tuple[int, float] | None = None
 
     # ---------------------------------------------------------------- paths
     def _path(self, *parts: str) -> str:
@@ -304,6 +347,7 @@ class RemoteCheckpoints:
         Returns the local record, or ``None`` (with a warning) if any object is missing, short or corrupt.
         """
         name = record["name"]
+        self.last_fetch = None
         staged = self._staged(record)
         if staged is not None:
             return staged
@@ -313,17 +357,21 @@ class RemoteCheckpoints:
         target = self.local_dir / name
         tmp = self.local_dir / f".{name}.download-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        total = sum(int(f["size"]) for f in record["files"].values())
+        started = time.monotonic()
         try:
-            for rel, want in record["files"].items():
-                dest = tmp / rel if rel else tmp
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(self._path(name, rel), os.fspath(dest))
-                if dest.stat().st_size != want["size"] or _sha256(dest) != want["sha256"]:
-                    log.warning("Checkpoint %s is corrupt: %s fails its size/SHA-256 check; skipping it.",
-                                self.object_url(name), rel or name)
-                    return None
+            with _progress(f"downloading {name}", total) as progress:
+                for rel, want in record["files"].items():
+                    dest = tmp / rel if rel else tmp
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    self.fs.get_file(self._path(name, rel), os.fspath(dest), callback=progress)
+                    if dest.stat().st_size != want["size"] or _sha256(dest) != want["sha256"]:
+                        log.warning("Checkpoint %s is corrupt: %s fails its size/SHA-256 check; skipping it.",
+                                    self.object_url(name), rel or name)
+                        return None
             ckpt_store.remove(target)
             os.replace(tmp, target)
+            self.last_fetch = (total, time.monotonic() - started)
         finally:
             if tmp.is_dir():
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -352,7 +352,9 @@ class AtscaleCLI(LightningCLI):
         if record is None:
             return None, None
         source = remote.object_url(record.path.name) if remote else record.path
-        log.warning("Resuming from %s (step %d).", source, record.global_step)
+        fetched = remote.last_fetch if remote else None
+        how = f"; downloaded {fetched[0] / 2**20:.1f} MiB in {fetched[1]:.1f} s" if fetched else ""
+        log.warning("Resuming from %s (step %d%s).", source, record.global_step, how)
         return str(record.path), record.extra.get("mlflow_run_id")
 
     @staticmethod

@@ -84,7 +84,7 @@ def test_relaunch_on_a_new_machine_resumes_from_the_bucket_exactly(
     machine_b.mkdir()
     result = run_fit(machine_b, *args, env=machine_env(machine_b, moto_s3, tracking))
     assert result.returncode == 0, result.stderr[-4000:]
-    assert (f"Resuming from {checkpoint_url}/step={interrupted_at:08d}.ckpt (step {interrupted_at})."
+    assert (f"Resuming from {checkpoint_url}/step={interrupted_at:08d}.ckpt (step {interrupted_at}; downloaded "
             in result.stderr)
 
     assert_bitwise_equal(final_weights(reference, "ref"), remote_final_weights(checkpoint_url, tmp_path / "dl"))

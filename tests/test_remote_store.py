@@ -6,6 +6,7 @@ a half-uploaded checkpoint, directory (sharded) checkpoints, pruning, and early 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -260,3 +261,28 @@ def test_a_failed_upload_is_logged_and_training_goes_on(bucket: str, tmp_path: P
     (message,) = caplog.messages
     assert message.startswith(f"Could not upload checkpoint {path} to s3://atscale-bucket-gone/r/checkpoints "
                               "(FileNotFoundError: The specified bucket does not exist); training goes on")
+
+
+def test_download_progress_counts_every_byte_across_shards(bucket: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    class Recorder:
+        completed: list[int] = []
+
+        def update(self, task: int, completed: int) -> None:
+            self.completed.append(completed)
+
+    shard_dir = tmp_path / "a" / "step=00000001.ckpt"
+    shard_dir.mkdir(parents=True)
+    (shard_dir / "__0_0.distcp").write_bytes(b"x" * 3000)
+    (shard_dir / "__1_0.distcp").write_bytes(b"y" * 5000)
+    ckpt_store.write_record(shard_dir, 1, 0)
+    RemoteCheckpoints(f"s3://{bucket}/p", tmp_path / "a").publish(shard_dir)
+
+    recorder = Recorder()
+    monkeypatch.setattr(remote_store, "_progress",
+                        contextlib.contextmanager(lambda description, total: iter([remote_store._RichBytes(
+                            recorder, 0)])))
+    remote = RemoteCheckpoints(f"s3://{bucket}/p", tmp_path / "b")
+    assert remote.fetch_newest_good() is not None
+    assert recorder.completed[-1] == 8000 and recorder.completed == sorted(recorder.completed)
+    assert remote.last_fetch is not None and remote.last_fetch[0] == 8000
