@@ -245,6 +245,48 @@ class UploadRunFiles(Callback):
                 log.warning("Could not upload the run files to %s: %s", self.run_url, err)
 
 
+def relocate_checkpoint_state(state: dict[str, Any], dirpath: str) -> bool:
+    """Point a ModelCheckpoint state saved under another absolute directory at ``dirpath``; True if moved.
+
+    ModelCheckpoint stores absolute paths and forgets its best-k bookkeeping when the directory
+    differs, which it does whenever a run resumes on another machine or from another working
+    directory. Paths are moved only when the old directory is the same run's (the same last three
+    parts: ``<experiment>/<run>/checkpoints``); the checkpoints themselves live on in object storage.
+    """
+    old = state.get("dirpath")
+    if not old or old == dirpath or Path(old).parts[-3:] != Path(dirpath).parts[-3:]:
+        return False
+
+    def move(path: Any) -> Any:
+        if isinstance(path, str) and path.startswith(old.rstrip("/") + "/"):
+            return dirpath.rstrip("/") + path[len(old.rstrip("/")):]
+        return path
+
+    state["dirpath"] = dirpath
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = move(state[key])
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {move(k): v for k, v in state["best_k_models"].items()}
+    return True
+
+
+class RelocateCheckpointState(Callback):
+    """Keep ModelCheckpoint's best-k record across a resume on another machine (see ``relocate_checkpoint_state``).
+
+    Without it, a relaunch elsewhere starts a fresh best-k list and leaves the old best checkpoints
+    in the bucket for good.
+    """
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("callbacks") or {}
+        for callback in trainer.checkpoint_callbacks:
+            state = states.get(callback.state_key)
+            if isinstance(callback, ModelCheckpoint) and callback.dirpath and isinstance(state, dict) \
+                    and relocate_checkpoint_state(state, callback.dirpath):
+                log.info("ModelCheckpoint state moved from another directory to %s.", callback.dirpath)
+
+
 class AtscaleCLI(LightningCLI):
     """LightningCLI with the project's run directory, tracking, resume and safety defaults.
 
@@ -401,6 +443,7 @@ class AtscaleCLI(LightningCLI):
                                  Baselines(metric=self.config.checkpoint.monitor or "val/acc")]
         if ctx.run_url is not None:
             extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
+        extra.append(RelocateCheckpointState())
         if self.config.log_model:
             extra.append(LogModel())
         user_callbacks = list(config.get("callbacks") or []) + callbacks

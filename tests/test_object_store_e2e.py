@@ -104,6 +104,10 @@ def test_relaunch_on_a_new_machine_resumes_from_the_bucket_exactly(
     assert f"mlartifacts/{experiment.experiment_id}/models/{model.model_id}/artifacts/MLmodel" in keys
     run_files = moto_s3.keys(bucket, "runs/digits/spot/")
     assert {"runs/digits/spot/config.yaml", "runs/digits/spot/manifest.json"} <= set(run_files)
+    # ModelCheckpoint kept its best-k list across machines: one best checkpoint (top 1), none left behind
+    best = [k for k in run_files if k.startswith("runs/digits/spot/checkpoints/best-") and k.endswith(".ckpt")]
+    assert len(best) == 1, best
+    assert "The dirpath has changed" not in result.stderr
 
     # the team's tools work against the same server from yet another machine
     machine_c = tmp_path / "machine-c"

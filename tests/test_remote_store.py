@@ -286,3 +286,20 @@ def test_download_progress_counts_every_byte_across_shards(bucket: str, tmp_path
     assert remote.fetch_newest_good() is not None
     assert recorder.completed[-1] == 8000 and recorder.completed == sorted(recorder.completed)
     assert remote.last_fetch is not None and remote.last_fetch[0] == 8000
+
+
+def test_checkpoint_state_from_another_machine_is_moved_to_this_directory() -> None:
+    from recipes.cli import relocate_checkpoint_state
+
+    old, new = "/home/a/work/runs/digits/spot/checkpoints", "/scratch/b/runs/digits/spot/checkpoints"
+    state = {"dirpath": old, "best_model_path": f"{old}/best-000-00000045.ckpt", "best_model_score": 0.9,
+             "kth_best_model_path": f"{old}/best-000-00000045.ckpt", "last_model_path": "",
+             "best_k_models": {f"{old}/best-000-00000045.ckpt": 0.9}}
+    assert relocate_checkpoint_state(state, new)
+    assert state == {"dirpath": new, "best_model_path": f"{new}/best-000-00000045.ckpt", "best_model_score": 0.9,
+                     "kth_best_model_path": f"{new}/best-000-00000045.ckpt", "last_model_path": "",
+                     "best_k_models": {f"{new}/best-000-00000045.ckpt": 0.9}}
+    other_run = {"dirpath": "/home/a/work/runs/digits/other/checkpoints", "best_model_path": "x"}
+    assert not relocate_checkpoint_state(other_run, new)  # another run's state is left for Lightning to refuse
+    assert other_run["dirpath"] == "/home/a/work/runs/digits/other/checkpoints"
+    assert not relocate_checkpoint_state({"dirpath": new}, new)
