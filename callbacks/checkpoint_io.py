@@ -21,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +32,6 @@ from typing_extensions import override
 
 from callbacks import ckpt_store
 from callbacks.remote_store import RemoteCheckpoints
-
-log = logging.getLogger(__name__)
 
 #: Key of the checkpoint's block of run metadata, copied into the integrity record.
 RUN_METADATA_KEY = "atscale"
@@ -72,13 +69,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             extra={k: v for k, v in checkpoint.get(RUN_METADATA_KEY, {}).items() if k != "rng"},
         )
         if self.mirror is not None:
-            try:
-                self.mirror.publish(path)
-            except Exception as err:  # a store outage must not end a run whose checkpoints are safe locally
+            if not self.mirror.try_publish(path):
                 self.upload_failures += 1
-                log.error("Could not upload checkpoint %s to %s (%s: %s); training goes on, the local copy is "
-                          "intact, and the next checkpoint is uploaded as usual.",
-                          path, self.mirror.url, type(err).__name__, err)
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:

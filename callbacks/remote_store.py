@@ -239,6 +239,20 @@ class RemoteCheckpoints:
         log.info("Uploaded %s to %s in %.2f s.", local.name, self.url, self.last_publish_s)
         return self.last_publish_s
 
+    def try_publish(self, local: str | os.PathLike) -> bool:
+        """``publish``, but a failure is logged as an error instead of raised; returns whether it worked.
+
+        For saves during training: a store outage must not end a run whose checkpoints are safe on
+        local disk, and the next checkpoint is uploaded as usual.
+        """
+        try:
+            self.publish(local)
+        except Exception as err:
+            log.error("Could not upload checkpoint %s to %s (%s: %s); training goes on, the local copy is intact, "
+                      "and the next checkpoint is uploaded as usual.", local, self.url, type(err).__name__, err)
+            return False
+        return True
+
     def remove(self, name: str) -> None:
         """Delete a checkpoint's record, then its objects (a half-deleted checkpoint is never good)."""
         meta = self._path(name + ckpt_store.META_SUFFIX)

@@ -296,7 +296,7 @@ class SpotCheckpoint(Callback):
             ckpt_store.write_record(path, trainer.global_step, trainer.current_epoch,
                                     extra={"mlflow_run_id": self.mlflow_run_id})
             if mirror is not None:
-                mirror.publish(path)
+                mirror.try_publish(path)
         trainer.strategy.barrier("SpotCheckpoint.save")
         if trainer.is_global_zero:  # a save still in flight is not counted: `keep` good ones remain
             ckpt_store.prune(directory, CHECKPOINT_PATTERN, self.keep)

@@ -49,6 +49,7 @@ from callbacks.checkpoint_io import AtomicCheckpointIO
 from callbacks.cost import PROGRESS_FILE, CostTracker
 from callbacks.manifest import Manifest
 from callbacks.mlflow_model import LogModel
+from callbacks.model_checkpoint import PublishedModelCheckpoint
 from callbacks.remote_store import RemoteCheckpoints, StoreError
 from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
 from callbacks.timing import StepTiming
@@ -323,7 +324,7 @@ class AtscaleCLI(LightningCLI):
                             help="Write periodic checkpoints in a background thread.")
         parser.add_argument("--log_model", type=bool, default=True,
                             help="Log the trained model to MLflow at the end (skip for sweeps and drills).")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(PublishedModelCheckpoint, "checkpoint")
         parser.set_defaults({
             "checkpoint.monitor": "val/acc",
             "checkpoint.mode": "max",

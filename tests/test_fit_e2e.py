@@ -144,3 +144,9 @@ def test_fsdp_checkpoint_is_a_sharded_directory_that_verifies(fitted: dict) -> N
     assert latest is not None and latest.path.is_dir()
     assert latest.global_step == 20 * 23  # 20 epochs of ceil(1437 / 2 / 32) batches per rank
     assert sorted(p.suffix for p in latest.path.glob("*.distcp")) == [".distcp", ".distcp"]
+    # ModelCheckpoint's best directory is published too (callbacks/model_checkpoint.py), naming the run
+    (best,) = [p for p in ckpt_store.candidates(ckpt_dir, "best-*")]
+    record = ckpt_store.read_record(best)
+    assert record is not None and record.path.is_dir() and record.size > 0
+    assert record.global_step == 23 * (record.epoch + 1)  # saved at the end of a validated epoch
+    assert record.extra["mlflow_run_id"] == latest.extra["mlflow_run_id"]

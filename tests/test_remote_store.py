@@ -254,7 +254,7 @@ def test_a_newer_staged_checkpoint_is_uploaded_and_wins_over_the_bucket(bucket: 
 def test_a_failed_upload_is_logged_and_training_goes_on(bucket: str, tmp_path: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     io = AtomicCheckpointIO(mirror=RemoteCheckpoints("s3://atscale-bucket-gone/r/checkpoints", tmp_path))
-    with caplog.at_level(logging.ERROR, logger="callbacks.checkpoint_io"):
+    with caplog.at_level(logging.ERROR, logger="callbacks.remote_store"):
         path = save(io, tmp_path, "step=00000008.ckpt", 8)
     assert io.upload_failures == 1
     assert ckpt_store.newest_good(tmp_path).path == path  # the local checkpoint is published and intact

@@ -1,0 +1,44 @@
+"""Lightning's ModelCheckpoint, with sharded (FSDP) checkpoints published like every other one.
+
+A file checkpoint goes through the trainer's checkpoint IO, which writes its integrity record and
+uploads it (``AtomicCheckpointIO``). A distributed checkpoint, a directory of shards written by
+``torch.distributed.checkpoint``, bypasses the checkpoint IO, so ModelCheckpoint's best-k
+directories would get no record: a resume could not verify them and object storage would never
+see them. This subclass records and uploads such a directory once every rank has written it.
+
+Example::
+
+    trainer = Trainer(callbacks=[PublishedModelCheckpoint(monitor="val/acc", mode="max")])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from typing_extensions import override
+
+from callbacks import ckpt_store
+from callbacks.checkpoint_io import mirror_of
+
+
+def mlflow_run_id(trainer: Trainer) -> str | None:
+    """The run id of the trainer's first logger that has one (the MLflow run a checkpoint belongs to)."""
+    return next((getattr(lg, "run_id", None) for lg in trainer.loggers if getattr(lg, "run_id", None)), None)
+
+
+class PublishedModelCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` that gives directory checkpoints an integrity record and uploads them if mirrored."""
+
+    @override
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        path = Path(filepath)
+        if not trainer.is_global_zero or not path.is_dir():
+            return
+        ckpt_store.write_record(path, trainer.global_step, trainer.current_epoch,
+                                extra={"mlflow_run_id": mlflow_run_id(trainer)})
+        mirror = mirror_of(trainer.strategy.checkpoint_io)
+        if mirror is not None:
+            mirror.try_publish(path)
