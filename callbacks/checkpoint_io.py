@@ -8,19 +8,22 @@ checkpoint, e.g. the MLflow run id), so a resume can verify before it trusts.
 
 Given a ``RemoteCheckpoints`` mirror, every published checkpoint is then uploaded to object
 storage (objects, record, ``latest.json`` pointer, in that order); ``remove_checkpoint`` deletes
-both copies. Wrap it in Lightning's ``AsyncCheckpointIO`` to write and upload in a background
-thread (tensors are cloned on the caller's thread first); ``teardown()`` joins it, which is how a
-save on an interruption notice waits for its upload.
+both copies. Wrap it in ``BoundedAsyncCheckpointIO`` to write and upload in a background thread
+(tensors are cloned on the caller's thread first); ``teardown()`` joins it, which is how a save on
+an interruption notice waits for its upload.
 
 Example::
 
     trainer = Trainer(plugins=[AtomicCheckpointIO()])
-    trainer = Trainer(plugins=[AsyncCheckpointIO(AtomicCheckpointIO(
+    trainer = Trainer(plugins=[BoundedAsyncCheckpointIO(AtomicCheckpointIO(
         mirror=RemoteCheckpoints("s3://bucket/runs/exp/run/checkpoints", Path("runs/exp/run/checkpoints"))))])
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +31,13 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from typing_extensions import override
 
 from callbacks import ckpt_store
 from callbacks.remote_store import RemoteCheckpoints
+
+log = logging.getLogger(__name__)
 
 #: Key of the checkpoint's block of run metadata, copied into the integrity record.
 RUN_METADATA_KEY = "atscale"
@@ -86,3 +92,35 @@ def mirror_of(io: CheckpointIO | None) -> RemoteCheckpoints | None:
             return io.mirror
         io = getattr(io, "checkpoint_io", None)
     return None
+
+
+class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
+    """Lightning's ``AsyncCheckpointIO`` with at most one save in flight behind the one being submitted.
+
+    Each queued save holds a full copy of the model and optimizer state, so when writes (or
+    uploads to object storage) are slower than the save interval, an unbounded queue grows until
+    memory runs out. Here a new save first waits for the earlier ones to finish, and says how long
+    training waited: the cue to checkpoint less often or to faster storage.
+    """
+
+    def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
+        super().__init__(checkpoint_io)
+        self._drained: Future | None = None
+        #: Saves that had to wait for the previous one, and the seconds training spent waiting.
+        self.waits = 0
+        self.waited_s = 0.0
+
+    @override
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        if self._drained is not None and not self._drained.done():
+            started = time.monotonic()
+            self._drained.result()
+            waited = time.monotonic() - started
+            self.waits += 1
+            self.waited_s += waited
+            log.warning("The previous checkpoint was still being written/uploaded: training waited %.2f s before "
+                        "the next save (%d such waits, %.1f s in all). Save less often or to faster storage.",
+                        waited, self.waits, self.waited_s)
+        super().save_checkpoint(*args, **kwargs)
+        assert self._executor is not None
+        self._drained = self._executor.submit(lambda: None)  # done once every earlier save is

@@ -124,7 +124,7 @@ class SpotCheckpoint(Callback):
     Example::
 
         trainer = Trainer(callbacks=[SpotCheckpoint(provider="aws", every_n_steps=500)],
-                          plugins=[AsyncCheckpointIO(AtomicCheckpointIO())])
+                          plugins=[BoundedAsyncCheckpointIO(AtomicCheckpointIO())])
         trainer.fit(model, datamodule, ckpt_path=ckpt_store.newest_good(dirpath).path)
     """
 

@@ -16,8 +16,8 @@ compared (as ``timeit`` does: other load only ever slows a round down; medians a
 Goals: c/b >= 0.99, c/a >= 0.95.
 
 How long a periodic checkpoint stalls the training loop, synchronous versus asynchronous
-(Lightning's ``AsyncCheckpointIO`` around :class:`callbacks.checkpoint_io.AtomicCheckpointIO`), for a
-model with >= 100 MB of state, side by side::
+(:class:`callbacks.checkpoint_io.BoundedAsyncCheckpointIO` around
+:class:`~callbacks.checkpoint_io.AtomicCheckpointIO`), for a model with >= 100 MB of state, side by side::
 
     python -m recipes.bench checkpoint                   # 2 x Linear(4096, 4096): 134 MB
     python -m recipes.bench checkpoint --every 10 --steps 40
@@ -51,14 +51,13 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from rich.console import Console
 from rich.table import Table
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
-from callbacks.checkpoint_io import AtomicCheckpointIO
+from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
 
 PROG = "python -m recipes.bench"
@@ -409,7 +408,7 @@ def run_checkpointing(args: argparse.Namespace, root: Path, mode: str) -> dict[s
     if mode != "none":
         callbacks.append(ModelCheckpoint(dirpath=dirpath, every_n_train_steps=args.every, save_top_k=1,
                                          monitor=None, save_on_train_epoch_end=False, save_last=False))
-        plugins.append(AsyncCheckpointIO(AtomicCheckpointIO()) if mode == "async" else AtomicCheckpointIO())
+        plugins.append(BoundedAsyncCheckpointIO(AtomicCheckpointIO()) if mode == "async" else AtomicCheckpointIO())
     trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, max_steps=args.steps, logger=False,
                       enable_checkpointing=mode != "none", enable_progress_bar=False, enable_model_summary=False,
                       num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks, plugins=plugins or None,
@@ -459,7 +458,7 @@ def print_checkpoint(figures: dict[str, Any], console: Console) -> None:
                         f"{figures['baseline_step_ms']:.1f} ms steps without saving")
     for column in ("writer", "saves", "blocked per save", "max blocked", "effective per save"):
         table.add_column(column, justify="right" if column != "writer" else "left")
-    for mode, name in (("sync", "sync (AtomicCheckpointIO)"), ("async", "async (AsyncCheckpointIO)")):
+    for mode, name in (("sync", "sync (AtomicCheckpointIO)"), ("async", "async (BoundedAsyncCheckpointIO)")):
         s = figures["stalls"][mode]
         table.add_row(name, str(s["checkpoints"]), f"{s['blocked_s'] * 1e3:.1f} ms",
                       f"{s['blocked_max_s'] * 1e3:.1f} ms", f"{s['effective_s'] * 1e3:.1f} ms")

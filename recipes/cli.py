@@ -39,13 +39,12 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
-from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from rich.console import Console
 from rich.table import Table
 
 from callbacks import ckpt_store, remote_store
 from callbacks.baselines import Baselines
-from callbacks.checkpoint_io import AtomicCheckpointIO
+from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.cost import PROGRESS_FILE, CostTracker
 from callbacks.manifest import Manifest
 from callbacks.mlflow_model import LogModel
@@ -465,7 +464,7 @@ class AtscaleCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             io = AtomicCheckpointIO(mirror=ctx.remote_checkpoints())
-            plugins.append(AsyncCheckpointIO(io) if self.config.async_checkpoint else io)
+            plugins.append(BoundedAsyncCheckpointIO(io) if self.config.async_checkpoint else io)
         config["plugins"] = plugins
         return super()._instantiate_trainer(config, callbacks + extra)
 

@@ -1,0 +1,63 @@
+"""The bounded asynchronous checkpoint IO: at most one save queued, and a clear account of the waiting."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+
+from callbacks import ckpt_store
+from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
+
+
+class GatedIO(CheckpointIO):
+    """Saves block until released, so the test decides when the background writer finishes."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.events: list[str] = []
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        self.events.append(f"start {path}")
+        assert self.release.wait(timeout=60)
+        self.events.append(f"end {path}")
+
+    def load_checkpoint(self, path: Any, map_location: Any = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def remove_checkpoint(self, path: Any) -> None:
+        raise NotImplementedError
+
+
+def test_a_new_save_waits_for_the_one_in_flight(caplog: pytest.LogCaptureFixture) -> None:
+    inner = GatedIO()
+    io = BoundedAsyncCheckpointIO(inner)
+    io.save_checkpoint({"w": torch.zeros(2)}, "a")  # returns at once: written in the background
+    second = threading.Thread(target=io.save_checkpoint, args=({"w": torch.ones(2)}, "b"))
+    with caplog.at_level(logging.WARNING, logger="callbacks.checkpoint_io"):
+        second.start()
+        second.join(timeout=0.5)
+        assert second.is_alive()  # held back: "a" is still being written
+        assert io.waits == 0
+        inner.release.set()
+        second.join(timeout=60)
+    assert not second.is_alive()
+    io.teardown()
+    assert inner.events == ["start a", "end a", "start b", "end b"]
+    assert io.waits == 1 and io.waited_s >= 0.5
+    (message,) = caplog.messages
+    assert message.startswith("The previous checkpoint was still being written/uploaded: training waited ")
+
+
+def test_saves_that_keep_up_never_wait(tmp_path: Path) -> None:
+    io = BoundedAsyncCheckpointIO(AtomicCheckpointIO())
+    for step in range(3):
+        io.save_checkpoint({"global_step": step, "w": torch.full((4,), float(step))}, tmp_path / f"s{step}.ckpt")
+        io.teardown()  # the writer finishes before the next save is due
+    assert io.waits == 0
+    assert [ckpt_store.read_record(tmp_path / f"s{i}.ckpt").global_step for i in range(3)] == [0, 1, 2]
