@@ -388,8 +388,14 @@ class SpotCheckpoint(Callback):
         self._start_poller(trainer)
 
     @override
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning registers its own SIGTERM handler after `setup` (it broadcasts inside the handler
+        # and then fails the run): take the signals back before the sanity check, the first thing after.
+        self.install_signal_handlers()
+
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
-        # Lightning registers its own SIGTERM handler after `setup`; take the signals back.
+        # and again here, for runs without a sanity check
         self.install_signal_handlers()
         if self._pending_rng is not None:
             states = self._pending_rng

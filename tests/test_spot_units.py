@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import random
 import signal
 import socket
@@ -307,3 +308,26 @@ def test_fixed_interval_far_from_optimum_warns(caplog: pytest.LogCaptureFixture)
 def test_auto_interval_needs_an_interruption_rate() -> None:
     with pytest.raises(ValueError, match=r"every_minutes=.auto.*interruption_rate > 0"):
         SpotCheckpoint(every_minutes="auto")
+
+
+class _TermDuringSanityCheck(ImageClassifier):
+    """Sends this process a real SIGTERM from inside the sanity check's first validation step."""
+
+    def validation_step(self, batch: object, batch_idx: int) -> object:
+        if self.trainer.sanity_checking and batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().validation_step(batch, batch_idx)
+
+
+def test_sigterm_during_the_sanity_check_is_ours_not_lightnings(tmp_path: Path) -> None:
+    """Lightning's handler (installed after setup) would end the run with an exception; ours saves and stops."""
+    spot = SpotCheckpoint(dirpath=str(tmp_path / "ckpt"))
+    trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=2, callbacks=[spot], plugins=[AtomicCheckpointIO()],
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, accelerator="cpu", devices=1, use_distributed_sampler=False,
+                         num_sanity_val_steps=2)
+    trainer.fit(_TermDuringSanityCheck(), datamodule=DigitsDataModule())
+    assert spot.interrupted and spot.notice == notices.Notice("signal", "SIGTERM")
+    assert trainer.global_step == 1  # the first training step completes, is saved, and the run stops
+    record = ckpt_store.newest_good(tmp_path / "ckpt", CHECKPOINT_PATTERN)
+    assert record is not None and record.global_step == 1
