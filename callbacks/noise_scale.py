@@ -18,10 +18,10 @@ Both squared norms are taken before gradient clipping. Steps whose micro-batches
 short last batch of an epoch) are skipped. Under fp16 mixed precision the two norm EMAs include the
 loss scale squared; ``B_simple``, a ratio, does not.
 
-DDP allows one communication hook per module. This callback's hook wraps the default all-reduce and
-composes with other hooks through :func:`callbacks.noise_scale_math.add_comm_hook_wrapper`: callbacks
-that follow that convention (a list of wrappers kept on the DDP module) can all observe or transform
-the buckets. A hook registered directly by another callback cannot be wrapped after the fact; the
+DDP allows one communication hook per module. This callback's hook wraps the all-reduce and
+composes with other hooks through :func:`callbacks.comm_hooks.add_comm_hook_wrapper`: callbacks that
+follow that convention (StepTiming does, with its optional compression as the base hook) all observe
+the same buckets. A hook registered directly by other code cannot be wrapped after the fact; the
 callback then disables itself and says which hook is in the way.
 
 ============================  =======================================================================

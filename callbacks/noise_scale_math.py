@@ -16,9 +16,9 @@ size is about ``B_simple`` when the Hessian is well conditioned).
 
 Under DDP both norms come from one communication hook: :class:`NoiseScaleCommHook` sums each
 bucket's squared norm before and after the all-reduce. DDP allows one hook per module, so hooks are
-composed: :func:`add_comm_hook_wrapper` registers a single hook that runs a list of wrappers (kept on
-the DDP module) around the communicating base hook; any callback following that convention (timing,
-compression) can add its own. These need torch (imported when used), never Lightning.
+composed through :func:`callbacks.comm_hooks.add_comm_hook_wrapper` (re-exported here), which
+StepTiming's timed, possibly compressing, hook also uses. These need torch (imported when used),
+never Lightning.
 
 Example::
 
@@ -33,8 +33,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
+
+from callbacks.comm_hooks import HOOK_BASE_ATTR, HOOK_CHAIN_ATTR, add_comm_hook_wrapper
 
 if TYPE_CHECKING:
     import torch
@@ -162,86 +163,6 @@ def suggest_batch_note(b_simple: float, batch_used: int) -> str:
 
 
 # ------------------------------------------------------------------ DDP comm hooks (torch, lazily)
-
-#: Attribute of a DDP module holding the comm hook wrappers composed by :func:`add_comm_hook_wrapper`.
-HOOK_CHAIN_ATTR = "_atscale_comm_hook_chain"
-#: Attribute of a DDP module holding the ``(hook, state)`` that communicates under the wrappers.
-HOOK_BASE_ATTR = "_atscale_comm_hook_base"
-HOOK_BASE_CHOSEN_ATTR = "_atscale_comm_hook_base_chosen"
-
-#: ``wrapper(bucket, inner) -> Future``: observe or transform a bucket around ``inner(bucket)``.
-CommHookWrapper = Callable[["dist.GradBucket", Callable[["dist.GradBucket"], "torch.futures.Future"]],
-                           "torch.futures.Future"]
-
-
-def _chained_hook(ddp_module: torch.nn.parallel.DistributedDataParallel,
-                  chain: list[CommHookWrapper]) -> Callable[..., torch.futures.Future]:
-    """The one hook registered on the DDP module: the wrappers, the last added outermost, around the
-    base hook (the mean all-reduce unless a caller chose another). A plain function without
-    annotations: DDP inspects the hook's signature and name."""
-
-    def bind(wrapper: CommHookWrapper, inner: Callable[[dist.GradBucket], torch.futures.Future]) -> Callable:
-        return lambda b: wrapper(b, inner)
-
-    def atscale_chained_comm_hook(state, bucket):
-        base, base_state = getattr(ddp_module, HOOK_BASE_ATTR)
-        call = partial(base, base_state)
-        for wrapper in chain:
-            call = bind(wrapper, call)
-        return call(bucket)
-
-    return atscale_chained_comm_hook
-
-
-def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel, wrapper: CommHookWrapper,
-                          base: tuple[Callable[..., torch.futures.Future], Any] | None = None) -> None:
-    """Compose ``wrapper`` into the DDP module's single communication hook.
-
-    The first caller registers a hook that runs every wrapper around a base hook that does the
-    communication (torch's ``allreduce_hook``, a mean, unless ``base`` says otherwise); later callers
-    only append theirs. Call it before the first backward (``on_train_start`` works).
-
-    Args:
-        ddp_module: the DDP-wrapped module (``trainer.strategy.model``).
-        wrapper: ``wrapper(bucket, inner) -> Future``; it must call ``inner(bucket)`` once and return a
-            future of the reduced bucket tensor (``inner(bucket).then(...)`` to see the result).
-        base: ``(hook, state)`` doing the communication, e.g. ``(fp16_compress_hook, process_group)``
-            or ``(powerSGD_hook, PowerSGDState(...))``; ``None`` keeps the current one.
-
-    Raises:
-        RuntimeError: if a hook that does not follow this convention is already registered, or if
-            ``base`` differs from a base another caller already chose.
-
-    Example::
-
-        def timed(bucket, inner):
-            start = time.perf_counter()
-            return inner(bucket).then(lambda fut: (print(time.perf_counter() - start), fut.value())[1])
-
-        add_comm_hook_wrapper(trainer.strategy.model, timed, base=(fp16_compress_hook, None))
-    """
-    chain = getattr(ddp_module, HOOK_CHAIN_ATTR, None)
-    if chain is None:
-        existing = [getattr(hook, "__qualname__", repr(hook)) for hook, _ in getattr(ddp_module, "_comm_hooks", [])]
-        if existing:
-            raise RuntimeError(f"the DDP module already has the comm hook {', '.join(existing)}, registered "
-                               "without callbacks.noise_scale_math.add_comm_hook_wrapper; DDP allows only one.")
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-        chain = []
-        setattr(ddp_module, HOOK_BASE_ATTR, (allreduce_hook, None))
-        setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, False)
-        ddp_module.register_comm_hook(state=None, hook=_chained_hook(ddp_module, chain))
-        setattr(ddp_module, HOOK_CHAIN_ATTR, chain)
-    if base is not None:
-        current = getattr(ddp_module, HOOK_BASE_ATTR)
-        if getattr(ddp_module, HOOK_BASE_CHOSEN_ATTR) and current[0] is not base[0]:
-            raise RuntimeError(f"the DDP comm hook already communicates with {current[0].__name__}; "
-                               f"{base[0].__name__} cannot be used as well.")
-        setattr(ddp_module, HOOK_BASE_ATTR, base)
-        setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, True)
-    chain.append(wrapper)
-
 
 class NoiseScaleCommHook:
     """Comm hook wrapper that sums each step's squared gradient norms before and after the all-reduce.

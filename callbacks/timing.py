@@ -25,7 +25,8 @@ segment they fall in and reported on its own, per event.
 Communication (DDP): a communication hook wraps torch's own (``allreduce_hook``, or
 ``fp16_compress_hook``, ``bf16_compress_hook``, ``powerSGD_hook`` with ``comm_hook=``) and is
 registered on the DDP-wrapped model at train start (Lightning's ``DDPStrategy(ddp_comm_hook=)``
-ignores hooks unless the device is CUDA). Each bucket's all-reduce is timed from the hook call
+ignores hooks unless the device is CUDA), as one wrapper of :mod:`callbacks.comm_hooks`' composed
+hook, so that GradientNoiseScale can watch the same buckets. Each bucket's all-reduce is timed from the hook call
 to its future's completion (``fut.then``). DDP calls a bucket's hook as soon as the bucket's
 gradients are ready, so the *last* hook call marks the end of the backward's compute; the
 communication still in flight after it, up to the completion of the last all-reduce, is the
@@ -99,6 +100,7 @@ import itertools
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -109,6 +111,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from callbacks.comm_hooks import add_comm_hook_wrapper
 from callbacks.comm_model import LinkModel, calibrate, measure_allreduce
 from callbacks.scaling_laws import amdahl_speedup
 
@@ -428,41 +431,46 @@ class StepTiming(Callback):
         return default_hooks.allreduce_hook, group
 
     def _register_hook(self, ddp: torch.nn.parallel.DistributedDataParallel) -> bool:
-        """Register the timed hook on the DDP module; False (with a warning) if it has one already."""
-        if getattr(ddp, "_comm_hooks", None) or getattr(ddp, "_atscale_timed_hook", False):
-            log.warning("StepTiming: the DDP module already has a communication hook; communication is not timed "
-                        "(use one StepTiming, and choose compression with its comm_hook).")
+        """Time every bucket's communication: a wrapper in the DDP module's composed hook; False if impossible.
+
+        The wrapper joins :func:`callbacks.comm_hooks.add_comm_hook_wrapper`'s chain, so other callbacks
+        (GradientNoiseScale) can observe the same buckets; StepTiming chooses the base hook (compression).
+        """
+        if getattr(ddp, "_atscale_timed_hook", False):
+            log.warning("StepTiming: the DDP module's communication is already timed by another StepTiming "
+                        "(use one, and choose compression with its comm_hook).")
             return False
-        inner, inner_state = self._inner_hook(ddp)
+        base, base_state = self._inner_hook(ddp)
         clock, calls, mode = self._clock, self._comm_calls, self.comm_hook
         # torch's PowerSGD issues its second and third all-reduce from the callback of the first; on gloo
         # callbacks run on gloo's threads, racing the next bucket's all-reduce (ranks then disagree on the
         # order: a collective mismatch or a hang). On gloo, finish each PowerSGD bucket before the next.
         serialize = mode == "powersgd" and dist.get_backend(ddp.process_group) == "gloo"
 
-        def timed_comm_hook(state, bucket):  # no annotations: DDP compares them to real types
+        def timed(bucket: dist.GradBucket, inner: Callable[[dist.GradBucket], Any]) -> Any:
             buffer = bucket.buffer()
             raw = buffer.numel() * buffer.element_size()
-            compressing = mode == "powersgd" and state.iter >= state.start_powerSGD_iter
-            before = state.total_numel_after_compression if compressing else 0
+            compressing = mode == "powersgd" and base_state.iter >= base_state.start_powerSGD_iter
+            before = base_state.total_numel_after_compression if compressing else 0
             record = [clock.mark(), None, raw, raw]
-            fut = inner(state, bucket)
+            fut = inner(bucket)
             if serialize:
                 fut.wait()
             if mode in ("fp16", "bf16"):
                 record[3] = buffer.numel() * 2
             elif compressing:
-                record[3] = (state.total_numel_after_compression - before) * buffer.element_size()
+                record[3] = (base_state.total_numel_after_compression - before) * buffer.element_size()
             calls.append(record)
 
-            def done(result):
+            def done(result: Any) -> Any:
                 record[1] = clock.mark()
                 return result.value()
 
             return fut.then(done)
 
         try:
-            ddp.register_comm_hook(inner_state, timed_comm_hook)
+            # plain averaging leaves the base free for another callback's choice; compression claims it
+            add_comm_hook_wrapper(ddp, timed, base=None if mode == "none" else (base, base_state))
         except RuntimeError as err:
             log.warning("StepTiming: could not register the communication hook (%s); communication is not timed.", err)
             return False

@@ -310,6 +310,18 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
         trainer.fit(_tiny_ddp_model())
         results[hook] = {"steps": timer.steps, "totals": timer.totals, "link": timer.link is not None,
                          "mode": timer.comm_mode, "buckets": buckets.counts}
+    # StepTiming and GradientNoiseScale share DDP's single comm hook (callbacks.comm_hooks)
+    from callbacks.noise_scale import GradientNoiseScale
+
+    timer = StepTiming(comm_hook="fp16", warmup_steps=2, log_every_n_steps=3, plot=False, calibrate_comm=False)
+    noise = GradientNoiseScale(log_every_n_steps=1)
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(bucket_cap_mb=0.1), max_steps=6,
+                      logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, callbacks=[noise, timer], default_root_dir=out)
+    trainer.fit(_tiny_ddp_model())
+    results["shared"] = {"timer_mode": timer.comm_mode, "noise_mode": noise.mode, "updates": noise.ema.updates,
+                         "hook_calls": timer.totals["hook_calls"], "bytes": timer.totals["bytes"],
+                         "steps": timer.steps}
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
 
 
@@ -340,6 +352,10 @@ def test_comm_hooks_fire_per_bucket_on_gloo(tmp_path: Path) -> None:
             assert all(totals[p] >= 0 for p in PARTS) and totals["comm"] > 0 and totals["comm_predicted"] > 0
             assert totals["comm_exposed"] <= totals["comm"] + 1e-9
             assert totals["comm"] <= step_s and totals["comm_exposed"] <= step_s
+        shared = ranked["shared"]
+        assert (shared["timer_mode"], shared["noise_mode"], shared["updates"]) == ("ddp", "ddp", 6)
+        assert shared["bytes"] == shared["steps"] * params * 2  # still fp16-compressed under both wrappers
+        assert shared["hook_calls"] == shared["steps"] * ranked["none"]["buckets"][0]
 
 
 # ------------------------------------------------------------------ shipped strategy configs
