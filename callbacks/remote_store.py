@@ -99,6 +99,9 @@ def check_writable(url: str) -> None:
     except PermissionError as err:
         raise StoreError(f"{url}: access denied; check the credentials ({_describe(err)})") from err
     except Exception as err:  # backends raise their own types (botocore, aiohttp, azure)
+        if "NoCredentials" in type(err).__name__ or "DefaultCredentialsError" in type(err).__name__:
+            raise StoreError(f"{url}: no credentials found (environment variables, a profile or an instance "
+                             f"role: see the backend's documentation)") from err
         raise StoreError(f"{url}: cannot write there ({type(err).__name__}: {_describe(err)})") from err
 
 

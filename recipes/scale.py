@@ -49,7 +49,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from callbacks.remote_store import is_remote
+from callbacks.remote_store import StoreError, check_writable, is_remote
 from callbacks.scaling_laws import (
     FitComparison,
     amdahl_speedup,
@@ -310,8 +310,12 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
     try:
         cli.check_tracking_server(tracking_uri)
+        if is_remote(args.runs_root):  # before the sweep's parent run exists
+            check_writable(args.runs_root)
     except cli.UsageError as err:
         raise UsageError(str(err)) from None
+    except StoreError as err:
+        raise UsageError(f"--runs-root {err}") from None
     # the sweep's own outputs stay local when the runs live in object storage (they are logged to MLflow)
     out_root = Path("runs") if is_remote(args.runs_root) else Path(args.runs_root)
     out_dir = Path(args.out or out_root / experiment / f"scale-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+import s3fs
 import torch
 
 from callbacks.remote_store import RemoteCheckpoints
@@ -157,5 +158,26 @@ def test_bad_remote_inputs_fail_before_training_with_exit_2(
     for main, argv in tools:
         assert main(argv) == 2, main.__module__
         assert f"error: MLflow tracking server {dead} is unreachable" in capsys.readouterr().err, main.__module__
+    # the sweep checks its runs root before it opens a parent run: first with no credentials at all
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to find, and no waiting for one
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    sweep = ["--config", str(CONFIGS / "digits.yaml"), "--devices", "1,2", "--runs-root", f"s3://{bucket}/runs"]
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert scale.main(sweep) == 2
+    assert (f"error: --runs-root s3://{bucket}/runs: no credentials found (environment variables, a profile or an "
+            "instance role" in capsys.readouterr().err)
+    for key, value in moto_s3.env.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert scale.main([*sweep[:-1], "s3://atscale-no-such-bucket/runs"]) == 2
+    assert ("error: --runs-root s3://atscale-no-such-bucket/runs: the bucket or container does not exist"
+            in capsys.readouterr().err)
+    s3fs.S3FileSystem.clear_instance_cache()
+    assert not list(mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments(
+        filter_string="name = 'digits'"))  # no parent run was opened
     assert not (tmp_path / "runs").exists()  # nothing was trained or staged
     assert moto_s3.keys(bucket) == []  # and nothing written: the probe removes itself
