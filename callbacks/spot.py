@@ -110,6 +110,10 @@ class SpotCheckpoint(Callback):
             a fixed ``every_minutes`` more than 2x away from the optimum draws a warning.
         rate_period_h: the period of ``interruption_rate``, in hours.
         save_on_train_epoch_end: save at the end of every training epoch.
+        validate_on_notice: when a notice lands on an epoch's last batch, still run that epoch's
+            scheduled validation (after the notice checkpoint is safe) and save again at the epoch's
+            end, so the epoch's metrics and best checkpoint are not lost. Turn off when validation
+            takes longer than the notice window allows.
         keep: how many of this callback's newest checkpoints to keep.
         dirpath: where checkpoints go (default: the trainer's ModelCheckpoint directory).
         requeue_slurm: under SLURM, run ``scontrol requeue $SLURM_JOB_ID`` after a notice save.
@@ -140,6 +144,7 @@ class SpotCheckpoint(Callback):
         interruption_rate: float = 0.0,
         rate_period_h: float = 1.0,
         save_on_train_epoch_end: bool = True,
+        validate_on_notice: bool = True,
         keep: int = 2,
         dirpath: str | None = None,
         requeue_slurm: bool = True,
@@ -178,6 +183,7 @@ class SpotCheckpoint(Callback):
         self.interval_s: float | None = None if every_minutes in (None, "auto") else 60.0 * float(every_minutes)
         self._interval_checked = False
         self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.validate_on_notice = validate_on_notice
         self.keep = keep
         self.dirpath = dirpath
         self.requeue_slurm = requeue_slurm
@@ -192,6 +198,7 @@ class SpotCheckpoint(Callback):
         self.drills_fired: set[str] = set()
         # This process only.
         self.interrupted = False
+        self._save_at_epoch_end = False  # a notice at the epoch's last batch: validate, then save again
         self.notice: notices.Notice | None = None
         self._notice_time: float | None = None
         self._flag = threading.Event()
@@ -281,11 +288,11 @@ class SpotCheckpoint(Callback):
             return Path(trainer.checkpoint_callback.dirpath)
         return Path(trainer.default_root_dir) / "checkpoints"
 
-    def save(self, trainer: Trainer, wait: bool) -> Path:
+    def save(self, trainer: Trainer, wait: bool, suffix: str = "") -> Path:
         """Save a checkpoint of the current step on every rank; ``wait`` for it to be on disk."""
         started = time.monotonic()
         directory = self._dir(trainer)
-        path = directory / f"step={trainer.global_step:08d}.ckpt"
+        path = directory / f"step={trainer.global_step:08d}{suffix}.ckpt"
         io = trainer.strategy.checkpoint_io
         trainer.save_checkpoint(path)
         if wait and isinstance(io, AsyncCheckpointIO):
@@ -325,13 +332,31 @@ class SpotCheckpoint(Callback):
             self._log(trainer, {"spot/interval_s": self.interval_s, "spot/optimal_interval_s": optimum_s,
                                 "spot/save_cost_s": save_cost_s, "spot/expected_overhead": overhead})
 
-    def _stop_on_notice(self, trainer: Trainer) -> None:
+    def _validation_follows(self, trainer: Trainer) -> bool:
+        """Whether this batch is its epoch's last and the epoch's validation is due after it (all ranks agree)."""
+        if not self.validate_on_notice or not trainer.enable_validation:
+            return False
+        loop = trainer.fit_loop.epoch_loop
+        try:  # Lightning's own decision (private API; without it, validation is skipped as before)
+            due = loop.batch_progress.is_last_batch and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+        except AttributeError:
+            due = False
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            tensor = torch.tensor([1.0 if due else 0.0], device=trainer.strategy.root_device)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+            due = bool(tensor.item())
+        return bool(due)
+
+    def _stop_on_notice(self, trainer: Trainer, validate_after: bool = False) -> None:
         self.interruptions += 1  # before the save: the resumed run must know about this interruption
         self.save(trainer, wait=True)
         elapsed = time.monotonic() - (self._notice_time or time.monotonic())
         self.interrupted = True
         trainer.should_stop = True
-        trainer.limit_val_batches = 0  # Lightning validates on should_stop: not inside a notice window
+        if validate_after:  # the epoch's own validation, then a save at the epoch's end (on_train_epoch_end)
+            self._save_at_epoch_end = True
+        else:
+            trainer.limit_val_batches = 0  # Lightning validates on should_stop: not inside a notice window
         if trainer.is_global_zero:
             source = self.notice.source if self.notice else "peer"
             mirror = mirror_of(trainer.strategy.checkpoint_io)
@@ -432,7 +457,7 @@ class SpotCheckpoint(Callback):
             elif self.drill_rate and self._drill_rng.random() < self.drill_rate:
                 self._fire_drill(f"random:{step}")
         if self._should_stop(trainer):
-            self._stop_on_notice(trainer)
+            self._stop_on_notice(trainer, validate_after=self._validation_follows(trainer))
             return
         due_steps = self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0
         due_time = self.interval_s is not None and time.monotonic() - self._last_save_time >= self.interval_s
@@ -458,6 +483,14 @@ class SpotCheckpoint(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        if self._save_at_epoch_end:  # after a notice at the last batch: the epoch's validation has run
+            self._save_at_epoch_end = False
+            started = time.monotonic()
+            self.save(trainer, wait=True, suffix="-validated")
+            if trainer.is_global_zero:
+                log.warning("The epoch's validation ran after the notice; its end saved as well (%.2f s more).",
+                            time.monotonic() - started)
+            return
         if not self.save_on_train_epoch_end or self.interrupted:
             return
         if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:

@@ -26,6 +26,7 @@ from callbacks.checkpoint_io import AtomicCheckpointIO
 from callbacks.spot import CHECKPOINT_PATTERN, SpotCheckpoint, rng_state, set_rng_state
 from datamodules.digits import DigitsDataModule
 from recipes.classifier import ImageClassifier
+from tests.conftest import RecordingLogger
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -331,3 +332,48 @@ def test_sigterm_during_the_sanity_check_is_ours_not_lightnings(tmp_path: Path) 
     assert trainer.global_step == 1  # the first training step completes, is saved, and the run stops
     record = ckpt_store.newest_good(tmp_path / "ckpt", CHECKPOINT_PATTERN)
     assert record is not None and record.global_step == 1
+
+
+def _fit_digits(tmp_path: Path, dirpath: str, drills: list[int], ckpt: str | None = None):
+    pl.seed_everything(42)
+    spot = SpotCheckpoint(dirpath=dirpath, drill_steps=drills)
+    logger = RecordingLogger()
+    trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=2, callbacks=[spot], plugins=[AtomicCheckpointIO()],
+                         logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, accelerator="cpu", devices=1, use_distributed_sampler=False,
+                         num_sanity_val_steps=0, log_every_n_steps=1)
+    model = ImageClassifier()
+    trainer.fit(model, datamodule=DigitsDataModule(), ckpt_path=ckpt)
+    return trainer, logger, model
+
+
+def test_notice_at_an_epochs_last_batch_keeps_that_epochs_validation(tmp_path: Path) -> None:
+    """23 batches an epoch: a notice at step 23 is saved at once, then the epoch's validation runs and its end is
+    saved too; the resumed run neither loses nor repeats a validation and ends bitwise equal."""
+    _, ref_logs, ref_model = _fit_digits(tmp_path, str(tmp_path / "ref"), [])
+    assert [s for s, _ in ref_logs.values("val/acc")] == [22, 45]
+
+    trainer, first_logs, _ = _fit_digits(tmp_path, str(tmp_path / "ck"), [23])
+    assert trainer.global_step == 23
+    assert first_logs.values("val/acc") == ref_logs.values("val/acc")[:1]  # epoch 0's validation ran
+    assert sorted(p.name for p in (tmp_path / "ck").glob("*.ckpt")) == ["step=00000023-validated.ckpt",
+                                                                       "step=00000023.ckpt"]
+    record = ckpt_store.newest_good(tmp_path / "ck", CHECKPOINT_PATTERN)
+    assert record.path.name == "step=00000023-validated.ckpt"
+
+    _, rest_logs, model = _fit_digits(tmp_path, str(tmp_path / "ck"), [23], ckpt=str(record.path))
+    assert rest_logs.values("val/acc") == ref_logs.values("val/acc")[1:]
+    reference, resumed = ref_model.state_dict(), model.state_dict()
+    assert reference.keys() == resumed.keys() and all(torch.equal(reference[k], resumed[k]) for k in reference)
+
+
+def test_validate_on_notice_false_skips_the_validation_as_before(tmp_path: Path) -> None:
+    spot = SpotCheckpoint(dirpath=str(tmp_path / "ck"), drill_steps=[23], validate_on_notice=False)
+    logger = RecordingLogger()
+    trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=2, callbacks=[spot], plugins=[AtomicCheckpointIO()],
+                         logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, accelerator="cpu", devices=1, use_distributed_sampler=False,
+                         num_sanity_val_steps=0)
+    trainer.fit(ImageClassifier(), datamodule=DigitsDataModule())
+    assert trainer.global_step == 23 and logger.values("val/acc") == []
+    assert sorted(p.name for p in (tmp_path / "ck").glob("*.ckpt")) == ["step=00000023.ckpt"]
