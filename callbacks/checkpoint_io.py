@@ -82,7 +82,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def remove_checkpoint(self, path: _PATH) -> None:
         ckpt_store.remove(path)
         if self.mirror is not None:
-            self.mirror.remove(Path(path).name)
+            self.mirror.try_remove(Path(path).name)
 
 
 def mirror_of(io: CheckpointIO | None) -> RemoteCheckpoints | None:
@@ -124,3 +124,19 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         super().save_checkpoint(*args, **kwargs)
         assert self._executor is not None
         self._drained = self._executor.submit(lambda: None)  # done once every earlier save is
+
+    @override
+    def remove_checkpoint(self, path: _PATH) -> None:
+        """Remove in the writer thread, after the saves submitted before: the replaced best checkpoint goes
+        only once its successor is written (and uploaded)."""
+        self._ensure_setup()
+        assert self._executor is not None and self.checkpoint_io is not None
+        inner = self.checkpoint_io
+
+        def remove() -> None:
+            try:
+                inner.remove_checkpoint(path)
+            except Exception as err:
+                log.error("Could not remove checkpoint %s: %s", path, err)
+
+        self._executor.submit(remove)

@@ -85,7 +85,7 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         chain = []
-        setattr(ddp_module, HOOK_BASE_ATTR, (allreduce_hook, None))
+        setattr(ddp_module, HOOK_BASE_ATTR, (allreduce_hook, ddp_module.process_group))
         setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, False)
         ddp_module.register_comm_hook(state=None, hook=_chained_hook(ddp_module, chain))
         setattr(ddp_module, HOOK_CHAIN_ATTR, chain)

@@ -126,6 +126,32 @@ def get_if_missing(url: str, local: str | os.PathLike) -> bool:
     return True
 
 
+def _valid_record(data: Any) -> bool:
+    """Whether a remote record has every field a resume relies on, with the right types."""
+    try:
+        files = data["files"]
+        return (isinstance(data["name"], str) and "/" not in data["name"] and isinstance(files, dict) and bool(files)
+                and all(isinstance(f["size"], int) and isinstance(f["sha256"], str) for f in files.values())
+                and isinstance(data["global_step"], int) and isinstance(data["epoch"], int)
+                and isinstance(data["saved_at"], (int, float)) and isinstance(data.get("extra", {}), dict))
+    except (KeyError, TypeError):
+        return False
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an advisory lock on ``lock_path``: the ranks of one machine download a checkpoint once, not racing."""
+    import fcntl
+
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 #: Downloads at least this large show a progress bar (smaller ones finish before it would help).
 PROGRESS_MIN_BYTES = 64 << 20
 
@@ -256,6 +282,23 @@ class RemoteCheckpoints:
             return False
         return True
 
+    def try_remove(self, name: str) -> None:
+        """``remove``, logging a failure instead of raising (an outage must not end training)."""
+        try:
+            self.remove(name)
+        except Exception as err:
+            log.error("Could not delete %s (%s: %s); it stays in the bucket.", self.object_url(name),
+                      type(err).__name__, err)
+
+    def try_prune(self, pattern: str, keep: int) -> list[str]:
+        """``prune``, logging a failure instead of raising; returns what was deleted."""
+        try:
+            return self.prune(pattern, keep)
+        except Exception as err:
+            log.error("Could not prune %s (%s: %s); older checkpoints stay in the bucket until the next save.",
+                      self.url, type(err).__name__, err)
+            return []
+
     def remove(self, name: str) -> None:
         """Delete a checkpoint's record, then its objects (a half-deleted checkpoint is never good)."""
         meta = self._path(name + ckpt_store.META_SUFFIX)
@@ -313,8 +356,9 @@ class RemoteCheckpoints:
         except ValueError as err:
             log.warning("%s is unreadable (%s); ignoring it.", self.object_url(name), err)
             return None
-        if not isinstance(data, dict) or "name" not in data or "files" not in data:
-            log.warning("%s is not a checkpoint record; ignoring it.", self.object_url(name))
+        if not _valid_record(data):
+            log.warning("%s is not a checkpoint record (fields missing or of the wrong type); ignoring it.",
+                        self.object_url(name))
             return None
         return data
 
@@ -356,6 +400,11 @@ class RemoteCheckpoints:
         files = record["files"]
         if path.is_file() and files.get("", {}).get("sha256") != local.sha256:
             return None
+        if path.is_dir():  # the record of a directory holds its total size only: compare every shard's size
+            for rel, want in files.items():
+                shard = path / rel
+                if not shard.is_file() or shard.stat().st_size != want["size"]:
+                    return None
         return local
 
     def fetch(self, record: dict[str, Any]) -> ckpt_store.CheckpointRecord | None:
@@ -363,11 +412,16 @@ class RemoteCheckpoints:
 
         Returns the local record, or ``None`` (with a warning) if any object is missing, short or corrupt.
         """
-        name = record["name"]
         self.last_fetch = None
-        staged = self._staged(record)
-        if staged is not None:
-            return staged
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        with _exclusive(self.local_dir / ".locks" / record["name"]):  # another rank may be fetching it now
+            staged = self._staged(record)
+            if staged is not None:
+                return staged
+            return self._download(record)
+
+    def _download(self, record: dict[str, Any]) -> ckpt_store.CheckpointRecord | None:
+        name = record["name"]
         if not self._remote_complete(record):
             return None
         self.local_dir.mkdir(parents=True, exist_ok=True)

@@ -308,7 +308,7 @@ class SpotCheckpoint(Callback):
         if trainer.is_global_zero:  # a save still in flight is not counted: `keep` good ones remain
             ckpt_store.prune(directory, CHECKPOINT_PATTERN, self.keep)
             if mirror is not None:
-                mirror.prune(CHECKPOINT_PATTERN, self.keep)
+                mirror.try_prune(CHECKPOINT_PATTERN, self.keep)
         self._last_save_time = time.monotonic()
         if not self._interval_checked and self.interruption_rate > 0:
             self._choose_interval(trainer, save_cost_s=self._last_save_time - started)
@@ -537,4 +537,4 @@ class SpotCheckpoint(Callback):
             ckpt_store.prune(self._dir(trainer), CHECKPOINT_PATTERN, self.keep)
             mirror = mirror_of(io)
             if mirror is not None:
-                mirror.prune(CHECKPOINT_PATTERN, self.keep)
+                mirror.try_prune(CHECKPOINT_PATTERN, self.keep)

@@ -219,8 +219,8 @@ class TrackedConfig(SaveConfigCallback):
 class UploadRunFiles(Callback):
     """Copy the run's config.yaml, manifest.json and cost sidecar to its object-storage directory (rank 0).
 
-    At train start (they are written at setup and fit start) and again at teardown, so a run
-    that ends early still leaves them beside its checkpoints.
+    At train start (they are written at setup and fit start) and again at teardown (a finished run,
+    or one stopped by a notice). A failed upload is logged, never fatal: the checkpoints matter more.
     """
 
     FILES = ("config.yaml", "manifest.json", f"checkpoints/{PROGRESS_FILE}")
@@ -229,9 +229,12 @@ class UploadRunFiles(Callback):
         self.run_dir, self.run_url = Path(run_dir), run_url
 
     def upload(self) -> None:
-        for name in self.FILES:
-            if (self.run_dir / name).exists():
-                remote_store.put_file(self.run_dir / name, remote_store.join(self.run_url, name))
+        try:
+            for name in self.FILES:
+                if (self.run_dir / name).exists():
+                    remote_store.put_file(self.run_dir / name, remote_store.join(self.run_url, name))
+        except Exception as err:  # never end (or mask the outcome of) the run for these
+            log.warning("Could not upload the run files to %s: %s", self.run_url, err)
 
     def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
         if trainer.is_global_zero:
@@ -239,10 +242,7 @@ class UploadRunFiles(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
         if trainer.is_global_zero:
-            try:
-                self.upload()
-            except Exception as err:  # never mask the run's own outcome
-                log.warning("Could not upload the run files to %s: %s", self.run_url, err)
+            self.upload()
 
 
 def relocate_checkpoint_state(state: dict[str, Any], dirpath: str) -> bool:
@@ -373,24 +373,29 @@ class AtscaleCLI(LightningCLI):
         checkpoint_dir, remote = ctx.checkpoint_dir, ctx.remote_checkpoints()
         if cfg.ckpt_path:
             return AtscaleCLI._explicit_checkpoint(cfg.ckpt_path, checkpoint_dir)
-        if cfg.fresh:
-            if global_rank_from_env() == 0:
-                suffix = f"before-{time.strftime('%Y%m%d-%H%M%S')}"
-                if checkpoint_dir.exists():
-                    aside = checkpoint_dir.with_name(f"checkpoints.{suffix}")
-                    shutil.move(checkpoint_dir, aside)
-                    log.warning("--fresh: previous checkpoints moved to %s", aside)
-                if remote is not None and (moved := remote.move_aside(suffix)):
-                    log.warning("--fresh: previous checkpoints moved to %s", moved)
-            return None, None
         try:
+            if cfg.fresh:
+                if global_rank_from_env() == 0:
+                    suffix = f"before-{time.strftime('%Y%m%d-%H%M%S')}"
+                    if checkpoint_dir.exists():
+                        aside = checkpoint_dir.with_name(f"checkpoints.{suffix}")
+                        shutil.move(checkpoint_dir, aside)
+                        log.warning("--fresh: previous checkpoints moved to %s", aside)
+                    if remote is not None and (moved := remote.move_aside(suffix)):
+                        log.warning("--fresh: previous checkpoints moved to %s", moved)
+                return None, None
             record = ckpt_store.newest_good(checkpoint_dir)
             if remote is not None:
                 record = AtscaleCLI._newest_of_bucket_and_staging(remote, record)
                 if record is not None:  # the steps the lost machine ran, for the cost
                     remote_store.get_if_missing(remote.object_url(PROGRESS_FILE), checkpoint_dir / PROGRESS_FILE)
+            unverified = len(remote.records()) if remote is not None else len(ckpt_store.candidates(checkpoint_dir))
         except (OSError, StoreError) as err:
             raise UsageError(f"cannot read the checkpoints of {ctx.location}: {err}") from err
+        if record is None and unverified:
+            # starting over here would be pruned against the broken records: stop and say so
+            raise UsageError(f"none of the {unverified} checkpoint(s) of {ctx.location} verifies (see the warnings "
+                             "above); pass --ckpt_path to choose one, or --fresh true to set them aside.")
         if record is None:
             return None, None
         source = remote.object_url(record.path.name) if remote else record.path
@@ -402,18 +407,26 @@ class AtscaleCLI(LightningCLI):
     @staticmethod
     def _newest_of_bucket_and_staging(remote: RemoteCheckpoints, staged: ckpt_store.CheckpointRecord | None,
                                       ) -> ckpt_store.CheckpointRecord | None:
-        """The bucket's newest good checkpoint, unless this machine staged a newer one that never got uploaded.
+        """The bucket's newest good checkpoint, unless this machine staged a newer one of the same run.
 
         A relaunch on the same machine after an upload failed (or was killed) must not go back in time:
-        the newer staged checkpoint is uploaded first, then resumed from.
+        the newer staged checkpoint is uploaded first, then resumed from. A staged checkpoint of another
+        MLflow run (the bucket was started afresh elsewhere) never wins over the bucket.
         """
-        pointer = remote.read_pointer()
-        if staged is not None and (pointer is None or staged.global_step > int(pointer["global_step"])):
-            log.warning("The staged checkpoint %s (step %d) is newer than the bucket's; uploading it first.",
-                        staged.path, staged.global_step)
-            remote.publish(staged.path)
-            return staged
-        return remote.fetch_newest_good()
+        fetched = remote.fetch_newest_good()
+        if staged is None:
+            return fetched
+        if fetched is None:
+            newer = not remote.records()  # an empty bucket: every upload of this run failed
+        else:
+            same_run = staged.extra.get("mlflow_run_id") == fetched.extra.get("mlflow_run_id")
+            newer = same_run and staged.global_step > fetched.global_step
+        if not newer:
+            return fetched
+        log.warning("The staged checkpoint %s (step %d) is newer than the bucket's; uploading it first.",
+                    staged.path, staged.global_step)
+        remote.publish(staged.path)
+        return staged
 
     @staticmethod
     def _explicit_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> tuple[str, str | None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ class GatedIO(CheckpointIO):
         raise NotImplementedError
 
     def remove_checkpoint(self, path: Any) -> None:
-        raise NotImplementedError
+        self.events.append(f"remove {path}")
 
 
 def test_a_new_save_waits_for_the_one_in_flight(caplog: pytest.LogCaptureFixture) -> None:
@@ -54,10 +55,27 @@ def test_a_new_save_waits_for_the_one_in_flight(caplog: pytest.LogCaptureFixture
     assert message.startswith("The previous checkpoint was still being written/uploaded: training waited ")
 
 
+def test_the_replaced_checkpoint_is_removed_only_after_its_successor_is_written() -> None:
+    """ModelCheckpoint saves the new best, then removes the old one at once: the removal must queue behind."""
+    inner = GatedIO()
+    io = BoundedAsyncCheckpointIO(inner)
+    io.save_checkpoint({"w": torch.zeros(2)}, "best-new")
+    io.remove_checkpoint("best-old")  # returns at once
+    assert "remove best-old" not in inner.events
+    inner.release.set()
+    io.teardown()
+    assert inner.events == ["start best-new", "end best-new", "remove best-old"]
+
+
 def test_saves_that_keep_up_never_wait(tmp_path: Path) -> None:
     io = BoundedAsyncCheckpointIO(AtomicCheckpointIO())
     for step in range(3):
-        io.save_checkpoint({"global_step": step, "w": torch.full((4,), float(step))}, tmp_path / f"s{step}.ckpt")
-        io.teardown()  # the writer finishes before the next save is due
-    assert io.waits == 0
+        path = tmp_path / f"s{step}.ckpt"
+        io.save_checkpoint({"global_step": step, "w": torch.full((4,), float(step))}, path)
+        deadline = time.monotonic() + 60
+        while not ckpt_store.meta_path(path).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the writer finishes before the next save is due
+        time.sleep(0.05)
+    io.teardown()
+    assert io.waits == 0 and io.waited_s == 0.0
     assert [ckpt_store.read_record(tmp_path / f"s{i}.ckpt").global_step for i in range(3)] == [0, 1, 2]

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import secrets
+import threading
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,7 @@ def test_pointer_to_an_incomplete_checkpoint_falls_back_to_the_previous(
     }[damage]
     assert expected in caplog.messages
     assert not (tmp_path / "b" / "step=00000020.ckpt").exists()  # nothing half-downloaded left behind
-    assert [p.name for p in (tmp_path / "b").iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in (tmp_path / "b").iterdir() if p.name.startswith(".")] == [".locks"]
 
 
 def test_sharded_directory_checkpoint_round_trips_and_a_missing_shard_is_skipped(
@@ -241,14 +242,107 @@ def test_a_newer_staged_checkpoint_is_uploaded_and_wins_over_the_bucket(bucket: 
     """The same machine relaunched after an upload died: it must not go back to the bucket's older step."""
     from recipes.cli import AtscaleCLI
 
-    mirror = RemoteCheckpoints(f"s3://{bucket}/r/checkpoints", tmp_path)
+    url = f"s3://{bucket}/r/checkpoints"
+    mirror = RemoteCheckpoints(url, tmp_path)
     save(AtomicCheckpointIO(mirror=mirror), tmp_path, "step=00000010.ckpt", 10)
     save(AtomicCheckpointIO(mirror=None), tmp_path, "step=00000020.ckpt", 20)  # its upload never happened
     record = AtscaleCLI._newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path))
-    assert record is not None and record.global_step == 20
+    assert record is not None and record.global_step == 20 and record.path == tmp_path / "step=00000020.ckpt"
     assert mirror.read_pointer()["name"] == "step=00000020.ckpt"
-    older = AtscaleCLI._newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path / "empty"))
-    assert older is not None and older.global_step == 20 and older.path == tmp_path / "step=00000020.ckpt"
+    elsewhere = RemoteCheckpoints(url, tmp_path / "elsewhere").fetch_newest_good()  # and now in the bucket
+    assert elsewhere is not None and elsewhere.global_step == 20
+    assert elsewhere.path.read_bytes() == record.path.read_bytes()
+
+
+def test_a_staged_checkpoint_of_another_run_never_wins(bucket: str, tmp_path: Path) -> None:
+    """The bucket was started afresh elsewhere (a new MLflow run): this machine's old, higher step stays local."""
+    from recipes.cli import AtscaleCLI
+
+    mirror = RemoteCheckpoints(f"s3://{bucket}/r/checkpoints", tmp_path / "bucket-copy")
+    save(AtomicCheckpointIO(mirror=mirror), tmp_path / "bucket-copy", "step=00000030.ckpt", 30, run_id="new-run")
+    save(AtomicCheckpointIO(mirror=None), tmp_path / "old", "step=00000900.ckpt", 900, run_id="old-run")
+    record = AtscaleCLI._newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path / "old"))
+    assert record is not None and record.global_step == 30 and record.extra["mlflow_run_id"] == "new-run"
+    assert mirror.read_pointer()["global_step"] == 30
+
+
+def test_checkpoints_that_all_fail_verification_stop_the_run_with_a_clear_error(
+        bucket: str, moto_s3: S3Server, tmp_path: Path) -> None:
+    """Starting over beside broken records would see every new checkpoint pruned against them."""
+    from jsonargparse import Namespace
+
+    from recipes.cli import AtscaleCLI, RunContext, UsageError
+
+    run_url = f"s3://{bucket}/runs/exp/run"
+    ctx = RunContext("exp", "run", tmp_path / "run", "sqlite://", None, None, run_url)
+    save(AtomicCheckpointIO(mirror=ctx.remote_checkpoints()), tmp_path / "writer", "step=00000004.ckpt", 4)
+    moto_s3.client().put_object(Bucket=bucket, Key="runs/exp/run/checkpoints/step=00000004.ckpt", Body=b"torn")
+    with pytest.raises(UsageError, match=rf"^none of the 1 checkpoint\(s\) of {run_url} verifies"):
+        AtscaleCLI._resolve_resume(Namespace(ckpt_path=None, fresh=False), ctx)
+
+
+def test_malformed_records_are_ignored_with_a_warning(bucket: str, moto_s3: S3Server, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    mirror = RemoteCheckpoints(f"s3://{bucket}/c", tmp_path)
+    save(AtomicCheckpointIO(mirror=mirror), tmp_path, "step=00000001.ckpt", 1)
+    broken = {"name": "step=00000009.ckpt", "files": {"": {"size": 1, "sha256": "x"}}, "epoch": 0, "saved_at": 1.0}
+    moto_s3.client().put_object(Bucket=bucket, Key="c/step=00000009.ckpt.meta.json", Body=json.dumps(broken))
+    with caplog.at_level(logging.WARNING, logger="callbacks.remote_store"):
+        assert [r["name"] for r in mirror.records()] == ["step=00000001.ckpt"]  # no global_step: ignored
+    assert (f"s3://{bucket}/c/step=00000009.ckpt.meta.json is not a checkpoint record (fields missing or of the "
+            "wrong type); ignoring it.") in caplog.messages
+
+
+def test_ranks_of_one_machine_fetching_together_download_once(bucket: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"s3://{bucket}/c"
+    shard_dir = tmp_path / "a" / "step=00000002.ckpt"
+    shard_dir.mkdir(parents=True)
+    for rank in range(2):
+        (shard_dir / f"__{rank}_0.distcp").write_bytes(bytes([rank]) * 50_000)
+    ckpt_store.write_record(shard_dir, 2, 0)
+    RemoteCheckpoints(url, tmp_path / "a").publish(shard_dir)
+
+    fetchers = [RemoteCheckpoints(url, tmp_path / "b") for _ in range(2)]
+    assert fetchers[0].fs is fetchers[1].fs  # fsspec shares one filesystem instance
+    downloads: list[str] = []
+    real = fetchers[0].fs.get_file
+
+    def counted(rpath: str, lpath: str, **kwargs: object) -> None:
+        downloads.append(rpath)
+        real(rpath, lpath, **kwargs)
+
+    monkeypatch.setattr(fetchers[0].fs, "get_file", counted)
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda f=f: results.append(f.fetch_newest_good())) for f in fetchers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(results) == 2 and all(r is not None and r.path == tmp_path / "b" / shard_dir.name for r in results)
+    assert len(downloads) == 2  # two shards, fetched once: the second rank found them staged
+    assert (tmp_path / "b" / shard_dir.name / "__1_0.distcp").read_bytes() == bytes([1]) * 50_000
+
+
+def test_store_outages_during_prune_and_remove_are_logged_not_raised(bucket: str, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    mirror = RemoteCheckpoints(f"s3://{bucket}/c", tmp_path)
+    save(AtomicCheckpointIO(mirror=mirror), tmp_path, "best-000-00000001.ckpt", 1)
+
+    def outage(*args: object, **kwargs: object) -> None:
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(mirror.fs, "ls", outage)
+    monkeypatch.setattr(mirror.fs, "exists", outage)
+    with caplog.at_level(logging.ERROR, logger="callbacks.remote_store"):
+        assert mirror.try_prune("step=*.ckpt", keep=1) == []
+        mirror.try_remove("best-000-00000001.ckpt")
+    assert caplog.messages == [
+        f"Could not prune s3://{bucket}/c (ConnectionResetError: connection reset by peer); older checkpoints stay "
+        "in the bucket until the next save.",
+        f"Could not delete s3://{bucket}/c/best-000-00000001.ckpt (ConnectionResetError: connection reset by peer); "
+        "it stays in the bucket."]
 
 
 def test_a_failed_upload_is_logged_and_training_goes_on(bucket: str, tmp_path: Path,
