@@ -514,6 +514,10 @@ class AtscaleCLI(LightningCLI):
             logger.experiment.set_terminated(logger.run_id, "KILLED")
         if self.trainer.is_global_zero:
             self.print_summary(duration, interrupted)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every rank got here: tear the group down now, not during interpreter exit, where gloo's
+            # worker threads can still hold tensors and abort the process ("terminate called ...")
+            torch.distributed.destroy_process_group()
         return REQUEUE_EXIT_CODE if interrupted else 0
 
     @staticmethod
