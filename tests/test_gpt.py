@@ -26,13 +26,13 @@ import torch
 import yaml
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.callbacks import throughput_monitor
-from lightning.pytorch.loggers import Logger
 
 from callbacks.lm_baselines import LMBaselines
 from callbacks.throughput import TokenThroughput, dense_peak_tflops
 from datamodules.text import TextDataModule, default_root
 from recipes import sample
 from recipes.gpt import GPT, bits_per_byte, lr_factor
+from tests.conftest import RecordingLogger
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"block_size": 32, "n_layer": 2, "n_head": 4, "n_embd": 32}
@@ -126,31 +126,6 @@ def test_shipped_configs_build(config: str, params: int, block: int) -> None:
 
 
 # -------------------------------------------------------- one device, in process
-class Recorder(Logger):
-    """Keeps every ``log_metrics`` call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[int | None, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "recorder"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.rows.append((step, dict(metrics)))
-
-    def history(self, key: str) -> list[tuple[int | None, float]]:
-        return [(step, row[key]) for step, row in self.rows if key in row]
-
-
 def tiny_datamodule(cache_dir: Path) -> TextDataModule:
     return TextDataModule(block_size=32, batch_size=BATCH, max_bytes=60_000, val_windows=16,
                           cache_dir=str(cache_dir))
@@ -161,7 +136,7 @@ def fit_tiny(tmp: Path, steps: int, throughput: TokenThroughput) -> SimpleNamesp
     dm = tiny_datamodule(tmp / "cache")
     model = GPT(**TINY, warmup_steps=2,
                 optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1))
-    logger, baselines = Recorder(), LMBaselines()
+    logger, baselines = RecordingLogger(), LMBaselines()
     trainer = pl.Trainer(max_steps=steps, val_check_interval=steps, log_every_n_steps=1, num_sanity_val_steps=0,
                          logger=logger, callbacks=[throughput, baselines], enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
@@ -186,7 +161,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
 
 
 def test_one_device_training_learns(tiny: SimpleNamespace) -> None:
-    losses = [value for _, value in tiny.logger.history("train/loss")]
+    losses = [value for _, value in tiny.logger.values("train/loss")]
     assert len(losses) == 40
     # near-uniform at initialisation (ln 256; the tied head slightly favours repeating the input byte)
     assert losses[0] == pytest.approx(math.log(256), abs=0.2)
@@ -208,7 +183,7 @@ def test_throughput_and_mfu_are_exact_with_a_fake_clock(tiny: SimpleNamespace) -
 
 def test_baselines_are_logged_and_summarised(tiny: SimpleNamespace) -> None:
     expected = tiny.dm.baseline_bits_per_byte()
-    logged = dict(tiny.logger.rows[0][1]) if tiny.logger.rows[0][0] == 0 else {}
+    logged = dict(tiny.logger.calls[0][1]) if tiny.logger.calls[0][0] == 0 else {}
     assert logged == {"baseline/unigram_bpb": expected["unigram"], "baseline/bigram_bpb": expected["bigram"]}
     assert 3.0 < expected["bigram"] < expected["unigram"] < 8.0
     rows = tiny.baselines.summary_rows({"val/bpb": 4.0})
