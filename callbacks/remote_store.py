@@ -190,16 +190,13 @@ def _progress(description: str, total: int) -> Iterator[fsspec.callbacks.Callbac
         yield _RichBytes(progress, progress.add_task(description, total=total))
 
 
-def _sha256(path: Path) -> str:
-    return ckpt_store.file_sha256(path)
-
-
-def _local_files(path: Path) -> dict[str, dict[str, Any]]:
+def _local_files(path: Path, record: ckpt_store.CheckpointRecord) -> dict[str, dict[str, Any]]:
     """Size and SHA-256 of each file of a checkpoint: ``{"": ...}`` for one file, relative paths for a directory."""
     if path.is_dir():
-        return {f.relative_to(path).as_posix(): {"size": f.stat().st_size, "sha256": _sha256(f)}
+        return {f.relative_to(path).as_posix(): {"size": f.stat().st_size, "sha256": ckpt_store.file_sha256(f)}
                 for f in sorted(path.rglob("*")) if f.is_file()}
-    return {"": {"size": path.stat().st_size, "sha256": _sha256(path)}}
+    # a file's record already holds what its writer measured: no second pass over the bytes
+    return {"": {"size": record.size, "sha256": record.sha256}}
 
 
 @dataclass
@@ -243,7 +240,7 @@ class RemoteCheckpoints:
         if record is None:
             raise StoreError(f"{local}: not a published checkpoint (no valid record); not uploading it")
         try:
-            files = _local_files(local)
+            files = _local_files(local, record)
             for rel in files:
                 self.fs.put_file(os.fspath(local / rel if rel else local), self._path(local.name, rel))
         except FileNotFoundError:
@@ -436,7 +433,7 @@ class RemoteCheckpoints:
                     dest = tmp / rel if rel else tmp
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     self.fs.get_file(self._path(name, rel), os.fspath(dest), callback=progress)
-                    if dest.stat().st_size != want["size"] or _sha256(dest) != want["sha256"]:
+                    if dest.stat().st_size != want["size"] or ckpt_store.file_sha256(dest) != want["sha256"]:
                         log.warning("Checkpoint %s is corrupt: %s fails its size/SHA-256 check; skipping it.",
                                     self.object_url(name), rel or name)
                         return None
