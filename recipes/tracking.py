@@ -1,0 +1,180 @@
+"""The MLflow side of a run that no kill, race or URL can break: the store, the run's identity, no secrets kept.
+
+- :func:`tracking_uri`: ``MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``) without credentials; a
+  ``user:password@`` in it moves to MLflow's own ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``
+  (HTTP basic auth), so the URI can be logged and printed.
+- :func:`ensure_store`: a new sqlite store is created and migrated under a temporary name and then
+  linked into place, so concurrent first launches do not race in MLflow's schema migration and a kill
+  at any moment leaves either no store or a complete one (MLflow migrates a new store in place, and
+  a half-migrated one refuses every later run).
+- :func:`find_run`: the MLflow run that a run directory belongs to, by the ``atscale.run_dir`` tag
+  set when the run is created, so a relaunch after a kill before the first checkpoint continues it.
+- :func:`redact`: passwords in URLs replaced by ``***`` in any text that is stored or printed.
+
+Imports no torch or Lightning (the tools that do not train use it too).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import secrets
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+#: Tag of an MLflow run naming where its files live (a local run directory or an object-storage URL).
+RUN_DIR_TAG = "atscale.run_dir"
+
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):(?P<password>[^/@\s]*)@")
+
+
+class TrackingError(Exception):
+    """The tracking store cannot be used as configured (reported as one line, exit code 2)."""
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` URL in it replaced by ``***``."""
+    return _URL_PASSWORD.sub(r"\g<head>:***@", text)
+
+
+def redact_value(value: Any) -> Any:
+    """``value`` (strings, lists, dicts of them) with :func:`redact` applied to every string inside."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_value(v) for v in value)
+    if isinstance(value, dict):
+        return {k: redact_value(v) for k, v in value.items()}
+    return value
+
+
+def tracking_uri() -> str:
+    """The tracking URI the run uses, without credentials (they move to MLflow's basic-auth variables).
+
+    ``http://user:password@host`` is what many users try first; MLflow's client reads basic-auth
+    credentials from ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``. The environment is
+    updated so that ranks started later inherit the clean URI and the credentials.
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return uri
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    for key, value in (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password)):
+        if value and not os.environ.get(key):
+            os.environ[key] = urllib.parse.unquote(value)
+    clean = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    os.environ["MLFLOW_TRACKING_URI"] = clean
+    return clean
+
+
+def check_server(uri: str, timeout: float = 5.0) -> None:
+    """Fail early when an HTTP tracking server does not answer its health endpoint (with basic auth if set)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    request = urllib.request.Request(f"{uri.rstrip('/')}/health")
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user or password:
+        token = base64.b64encode(f"{user or ''}:{password or ''}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            if response.status == 200:
+                return
+            reason = f"HTTP {response.status}"
+    except urllib.error.HTTPError as err:
+        reason = f"HTTP {err.code}"
+        if err.code in (401, 403):
+            raise TrackingError(f"MLflow tracking server {redact(uri)} refused the credentials ({reason}); set "
+                                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD.") from None
+    except (OSError, ValueError) as err:
+        reason = redact(str(getattr(err, "reason", err)))
+    raise TrackingError(f"MLflow tracking server {redact(uri)} is unreachable ({reason}); "
+                        "start it or fix MLFLOW_TRACKING_URI.")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (``None`` for other stores and in-memory sqlite)."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or uri[len(prefix):] in ("", ":memory:"):
+        return None
+    return Path(uri[len(prefix):].split("?", 1)[0])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_attempts(db: Path) -> None:
+    """Delete the temporary stores of creators on this host that died (a kill during a first launch)."""
+    host = socket.gethostname()
+    prefix = f".{db.name}.creating-"
+    for path in db.parent.glob(f"{prefix}*"):
+        try:  # .<name>.creating-<host>-<pid>-<random>[-journal]
+            owner_host, pid, _ = path.name[len(prefix):].rsplit("-", 2) if not path.name.endswith("-journal") \
+                else path.name[len(prefix):-len("-journal")].rsplit("-", 2)
+        except ValueError:
+            continue
+        if owner_host == host and pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def ensure_store(uri: str) -> bool:
+    """Make sure a sqlite store exists, created whole or not at all; True if this call created it.
+
+    MLflow creates and migrates a new sqlite database in place: several processes doing so at once
+    crash in the migration, and a kill in the middle leaves a store that every later run refuses
+    ("out-of-date database schema"). Here the store is migrated under a temporary name next to it and
+    then hard-linked into place: ``link`` fails if another process won the race (its store is used),
+    and the final name only ever names a complete database. Other stores are left to MLflow.
+    """
+    db = sqlite_path(uri)
+    if db is None or db.exists():
+        return False
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TrackingError(f"cannot create the MLflow store {uri}: {err.strerror or err}") from err
+    _remove_stale_attempts(db)
+    tmp = db.with_name(f".{db.name}.creating-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
+    import mlflow  # heavy: only when a store is really made
+
+    try:
+        store_uri = f"sqlite:///{tmp.resolve()}"
+        # creates and migrates it; the connections left open only keep the unlinked file's inode alive
+        mlflow.MlflowClient(tracking_uri=store_uri).search_experiments(max_results=1)
+        try:
+            os.link(tmp, db)
+            created = True
+        except FileExistsError:  # another launch made it first
+            created = False
+    except OSError as err:
+        raise TrackingError(f"cannot create the MLflow store {uri}: {err.strerror or err}") from err
+    finally:
+        for leftover in tmp.parent.glob(f"{tmp.name}*"):  # the database and any journal beside it
+            leftover.unlink(missing_ok=True)
+    return created
+
+
+def find_run(client: Any, experiment: str, location: str) -> str | None:
+    """The id of the newest MLflow run of ``experiment`` tagged as living at ``location``, if any."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    quoted = location.replace("'", "\\'")
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{quoted}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
