@@ -103,6 +103,7 @@ class Manifest(Callback):
     Args:
         dirpath: the run directory.
         seed: the run's seed, recorded as is.
+        argv: the command line to record (default ``sys.argv``); pass it with secrets removed.
 
     The datamodule's ``fingerprint()``, when it has one, is the data fingerprint.
 
@@ -111,9 +112,10 @@ class Manifest(Callback):
         trainer = Trainer(callbacks=[Manifest("runs/digits/r1", seed=42)])
     """
 
-    def __init__(self, dirpath: str | os.PathLike, seed: int | None = None) -> None:
+    def __init__(self, dirpath: str | os.PathLike, seed: int | None = None, argv: list[str] | None = None) -> None:
         self.dirpath = Path(dirpath)
         self.seed = seed
+        self.argv = argv
         self.manifest: dict[str, Any] | None = None
 
     @override
@@ -122,7 +124,7 @@ class Manifest(Callback):
             return
         datamodule: Any = trainer.datamodule
         fingerprint = datamodule.fingerprint() if hasattr(datamodule, "fingerprint") else None
-        self.manifest = build_manifest(trainer.world_size, self.seed, fingerprint)
+        self.manifest = build_manifest(trainer.world_size, self.seed, fingerprint, argv=self.argv)
         self.dirpath.mkdir(parents=True, exist_ok=True)
         path = self.dirpath / "manifest.json"
         path.write_text(json.dumps(self.manifest, indent=2))

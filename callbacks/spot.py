@@ -294,7 +294,7 @@ class SpotCheckpoint(Callback):
         directory = self._dir(trainer)
         path = directory / f"step={trainer.global_step:08d}{suffix}.ckpt"
         io = trainer.strategy.checkpoint_io
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the full training state
         if wait and isinstance(io, AsyncCheckpointIO):
             io.teardown()  # joins the writer thread; it restarts on the next save
         mirror = mirror_of(io)

@@ -17,15 +17,16 @@ What it adds to Lightning's CLI:
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import secrets
 import shutil
+import signal
 import sys
+import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.table import Table
 
@@ -52,10 +54,12 @@ from callbacks.model_checkpoint import PublishedModelCheckpoint
 from callbacks.remote_store import RemoteCheckpoints, StoreError
 from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
 from callbacks.timing import StepTiming
+from recipes import tracking
+from recipes.run_lock import RunLock, RunLocked
+from recipes.tracking import DEFAULT_TRACKING_URI, RUN_DIR_TAG, TrackingError, redact  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 #: Set by the launching process so the ranks Lightning starts agree on the run.
 ENV_RUN_NAME = "ATSCALE_RUN_NAME"
 ENV_CKPT_PATH = "ATSCALE_CKPT_PATH"
@@ -66,11 +70,31 @@ ENV_RUN_TAGS = "ATSCALE_RUN_TAGS"
 ENV_PARENT_RUN_ID = "ATSCALE_MLFLOW_PARENT_RUN_ID"
 #: Exit status for bad input (as jsonargparse uses for parse errors).
 USAGE_EXIT_CODE = 2
+#: Exit status after SIGINT (Ctrl-C), as shells report it.
+SIGINT_EXIT_CODE = 130
 _MAX_PARAM_LENGTH = 6000
+#: Config keys that may change when a run is resumed: they take effect (and are recorded as
+#: ``config_changed.*`` tags). Any other change would be ignored by the restored training state.
+RESUMABLE_CHANGES = (
+    "config", "experiment", "run_name", "runs_root", "staging_root", "ckpt_path", "fresh", "async_checkpoint",
+    "log_model", "spot", "cost", "checkpoint.dirpath", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time",
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps", "trainer.devices",
+    "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
+)
+#: Errors of the machine rather than of the input: reported in one line, exit code 1.
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
 
 
 class UsageError(Exception):
     """Bad input, reported as one line and exit code 2."""
+
+
+class Interrupted(BaseException):
+    """A SIGTERM or SIGINT outside training (where SpotCheckpoint owns the signals): unwind and stop."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
 
 
 @dataclass
@@ -89,6 +113,11 @@ class RunContext:
     @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
+
+    @property
+    def identity(self) -> str:
+        """What names this run's files for MLflow's ``atscale.run_dir`` tag: the URL, else the absolute directory."""
+        return redact(self.run_url) if self.run_url else str(self.run_dir.resolve())
 
     @property
     def location(self) -> str:
@@ -137,20 +166,11 @@ def run_tags() -> dict[str, str] | None:
 
 
 def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
-    """Fail early when an HTTP tracking server does not answer its health endpoint."""
-    if not uri.startswith(("http://", "https://")):
-        return
+    """Fail early (``UsageError``) when an HTTP tracking server does not answer its health endpoint."""
     try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
-            if response.status == 200:
-                return
-            reason = f"HTTP {response.status}"
-    except urllib.error.HTTPError as err:
-        reason = f"HTTP {err.code}"
-    except (OSError, ValueError) as err:
-        reason = str(getattr(err, "reason", err))
-    raise UsageError(f"MLflow tracking server {uri} is unreachable ({reason}); "
-                     "start it or fix MLFLOW_TRACKING_URI.")
+        tracking.check_server(uri, timeout)
+    except TrackingError as err:
+        raise UsageError(str(err)) from None
 
 
 def check_devices(trainer_cfg: Namespace) -> None:
@@ -165,6 +185,22 @@ def check_devices(trainer_cfg: Namespace) -> None:
                          f"{cores} CPU cores.")
 
 
+def unloadable(path: Path) -> str | None:
+    """Why ``path`` cannot be loaded as a checkpoint without running code, or ``None`` if it can.
+
+    A file is opened with torch's safe (``weights_only``) unpickler and memory-mapped, so only its
+    small pickle is read; a directory must be a distributed checkpoint.
+    """
+    if path.is_dir():
+        return None if (path / ".metadata").is_file() else "a directory without a distributed checkpoint's .metadata"
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:
+        first = str(err).strip().splitlines()
+        return f"{type(err).__name__}: {first[0] if first else ''}"[:300]
+    return None
+
+
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     """Nested config -> ``{"a.b.c": "value"}`` for MLflow params."""
     if isinstance(value, Namespace):
@@ -175,7 +211,18 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
             out.update(flatten(sub, f"{prefix}{key}."))
         return out
     text = json.dumps(value, default=str) if isinstance(value, (list, tuple)) else str(value)
-    return {prefix.rstrip("."): text[:_MAX_PARAM_LENGTH]}
+    return {prefix.rstrip("."): redact(text)[:_MAX_PARAM_LENGTH]}
+
+
+def resumable_change(key: str) -> bool:
+    """Whether config key ``key`` may differ on resume (see :data:`RESUMABLE_CHANGES`)."""
+    return any(key == p or key.startswith(p + ".") for p in RESUMABLE_CHANGES)
+
+
+def refused_changes(logged: dict[str, str], params: dict[str, str]) -> list[tuple[str, str, str]]:
+    """``(key, logged value, new value)`` of every change a resume would record but not apply."""
+    return [(k, logged[k], v) for k, v in sorted(params.items())
+            if k in logged and logged[k] != v and not resumable_change(k)]
 
 
 def log_params_once(client: mlflow.MlflowClient, run_id: str, params: dict[str, str]) -> list[str]:
@@ -207,6 +254,9 @@ class TrackedConfig(SaveConfigCallback):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.run_dir / "config.yaml"
         self.parser.save(self.config, str(path), skip_none=False, overwrite=True, multifile=False)
+        text = path.read_text()
+        if redact(text) != text:  # a password in a URL (e.g. --spot.metadata_url) is never stored
+            path.write_text(redact(text))
         for logger in trainer.loggers:
             if isinstance(logger, MLFlowLogger) and logger.run_id:
                 changed = log_params_once(logger.experiment, logger.run_id, flatten(self.config))
@@ -304,6 +354,7 @@ class AtscaleCLI(LightningCLI):
                                                "log_every_n_steps": 10})
         kwargs.setdefault("parser_kwargs", {"description": __doc__.splitlines()[0] if __doc__ else None})
         self.context: RunContext | None = None
+        self.lock: RunLock | None = None
         super().__init__(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -352,10 +403,22 @@ class AtscaleCLI(LightningCLI):
                     raise UsageError(f"--runs_root {err}") from err
         else:
             run_dir = remote_store.local_path(cfg.runs_root) / experiment / run_name
-        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
-        check_tracking_server(tracking_uri)
+        tracking_uri = tracking.tracking_uri()
         self.context = RunContext(experiment, run_name, run_dir, tracking_uri, None, None, run_url)
+        if not launched_by_parent():  # the launching process decides; the ranks it starts inherit
+            check_tracking_server(tracking_uri)
+            self._lock_run(self.context, cfg.runs_root)
+            try:
+                tracking.ensure_store(tracking_uri)
+            except TrackingError as err:
+                raise UsageError(str(err)) from err
         ckpt_path, run_id = self._resolve_resume(cfg, self.context)
+        if not launched_by_parent() and not cfg.fresh:
+            client = mlflow.MlflowClient(tracking_uri)
+            # killed before its first checkpoint: the run's MLflow record still exists and is continued
+            run_id = run_id or tracking.find_run(client, experiment, self.context.identity)
+            if run_id:
+                self._refuse_ignored_changes(client, run_id, cfg)
         self.context.ckpt_path, self.context.mlflow_run_id = ckpt_path, run_id
         # ranks that Lightning launches re-run this command: tell them what was decided
         os.environ[ENV_RUN_NAME] = run_name
@@ -365,6 +428,35 @@ class AtscaleCLI(LightningCLI):
             if cfg[key].get("dirpath") is None:
                 cfg[key]["dirpath"] = str(self.context.checkpoint_dir)
         self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": str(run_dir)}
+
+    def _lock_run(self, ctx: RunContext, runs_root: str) -> None:
+        """Hold the run directory for this process's life (global rank 0 only): a second launch is refused."""
+        if global_rank_from_env() != 0:
+            return
+        lock = RunLock(ctx.run_dir)
+        try:
+            lock.acquire()
+        except RunLocked as held:
+            raise UsageError(f"run {ctx.experiment}/{ctx.run_name} is already running ({held}); wait for it to "
+                             "end, or choose another --run_name.") from None
+        except OSError as err:
+            raise UsageError(f"--runs_root {redact(runs_root)}: cannot write the run directory {ctx.run_dir} "
+                             f"({err.strerror or err}).") from None
+        self.lock = lock
+
+    def _refuse_ignored_changes(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace) -> None:
+        """Stop a resume whose config changes something the restored training state would override."""
+        try:
+            logged = client.get_run(run_id).data.params
+        except mlflow.exceptions.MlflowException:
+            return  # a run id from a checkpoint of another store: nothing to compare
+        refused = refused_changes(logged, flatten(cfg))
+        if refused:
+            changes = ", ".join(f"{k} ({old} -> {new})" for k, old, new in refused)
+            raise UsageError(f"run {cfg.experiment}/{self.context.run_name if self.context else ''} was started with "
+                             f"another config; resuming would keep the checkpoint's training state and ignore: "
+                             f"{changes}. Relaunch with the original values, or start over with --fresh true or a "
+                             "new --run_name.")
 
     @staticmethod
     def _resolve_resume(cfg: Namespace, ctx: RunContext) -> tuple[str | None, str | None]:
@@ -443,7 +535,15 @@ class AtscaleCLI(LightningCLI):
         path = remote_store.local_path(ckpt_path)
         if not path.exists():
             raise UsageError(f"--ckpt_path {ckpt_path} does not exist.")
-        local = ckpt_store.read_record(path)
+        local = None
+        if ckpt_store.meta_path(path).exists():
+            local = ckpt_store.read_record(path)
+            if local is None:
+                raise UsageError(f"--ckpt_path {ckpt_path} does not match its integrity record (truncated, changed or "
+                                 "unreadable; see the warning above); nothing was loaded.")
+        problem = unloadable(path)
+        if problem:
+            raise UsageError(f"--ckpt_path {ckpt_path} is not a checkpoint this run can load ({problem}).")
         return str(path), local.extra.get("mlflow_run_id") if local else None
 
     # ---------------------------------------------------------------- trainer
@@ -452,7 +552,8 @@ class AtscaleCLI(LightningCLI):
         ctx = self.context
         config = dict(config)
         seed = self.config.get("seed_everything")
-        extra: list[Callback] = [Manifest(ctx.run_dir, seed=seed if isinstance(seed, int) else None),
+        extra: list[Callback] = [Manifest(ctx.run_dir, seed=seed if isinstance(seed, int) else None,
+                                          argv=[redact(arg) for arg in sys.argv]),
                                  Baselines(metric=self.config.checkpoint.monitor or "val/acc")]
         if ctx.run_url is not None:
             extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
@@ -471,7 +572,8 @@ class AtscaleCLI(LightningCLI):
                 run_name=ctx.run_name,
                 tracking_uri=ctx.tracking_uri,
                 run_id=ctx.mlflow_run_id,
-                tags=run_tags(),
+                # created with the run, atomically: a relaunch finds the run even if killed a moment later
+                tags={**(run_tags() or {}), RUN_DIR_TAG: ctx.identity},
             )
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
@@ -503,7 +605,17 @@ class AtscaleCLI(LightningCLI):
             monitor = self._start_system_metrics(run_id)
         start = time.monotonic()
         try:
-            self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ctx.ckpt_path)
+            # checkpoints may come from a shared bucket: never unpickle code from them
+            self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ctx.ckpt_path, weights_only=True)
+        except BaseException as err:
+            if logger is not None and self.trainer.is_global_zero and logger.run_id:
+                # never leave the run RUNNING: a stopped attempt is KILLED (the relaunch continues it)
+                stopped = isinstance(err, (Interrupted, KeyboardInterrupt, SIGTERMException))
+                try:
+                    logger.experiment.set_terminated(logger.run_id, "KILLED" if stopped else "FAILED")
+                except Exception as mark_err:  # the store itself may be what failed
+                    log.error("Could not mark MLflow run %s as ended: %s", logger.run_id, mark_err)
+            raise
         finally:
             if monitor is not None:
                 monitor.finish()
@@ -550,20 +662,59 @@ class AtscaleCLI(LightningCLI):
         logger = self.mlflow_logger()
         if logger is not None:
             table.add_row("mlflow", f"experiment {self.context.experiment!r}, run {logger.run_id}")
-            table.add_row("tracking", self.context.tracking_uri)
-        table.add_row("run dir", self.context.location)
+            table.add_row("tracking", redact(self.context.tracking_uri))
+        table.add_row("run dir", redact(self.context.location))
         Console(stderr=False).print(table)
 
 
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(signum)
+
+
+def _disk_error(err: BaseException) -> OSError | None:
+    """The full-disk (or read-only, I/O) error behind ``err``, following its causes, if that is what it is."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
-    """Parse, build and fit; bad input -> one line on stderr and exit code 2."""
+    """Parse, build and fit; bad input -> one line on stderr and exit code 2.
+
+    Until SpotCheckpoint takes the signals over at the start of training (and after it gives them
+    back), SIGTERM and SIGINT unwind the process: nothing is left half-written, the MLflow run (if one
+    was opened) is marked KILLED, and the exit code is 75 (relaunch to resume) or 130 (Ctrl-C).
+    """
+    # Lightning announces the seed at INFO before any input is checked; the seed is in config.yaml and the params
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, _raise_interrupted)
+    cli: AtscaleCLI | None = None
     try:
         cli = AtscaleCLI(args=args, **kwargs)
-    except (UsageError, MisconfigurationException, ValueError, TypeError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return USAGE_EXIT_CODE
-    try:
         return cli.fit()
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (UsageError, MisconfigurationException, ValueError, TypeError, FileNotFoundError) as err:
+        if cli is not None and not isinstance(err, UsageError):
+            raise  # past start-up these are failures, not bad input
+        print(f"error: {redact(str(err))}", file=sys.stderr)
         return USAGE_EXIT_CODE
+    except (Interrupted, KeyboardInterrupt, SIGTERMException) as err:
+        signum = err.signum if isinstance(err, Interrupted) else (
+            signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
+        print(f"interrupted ({signal.Signals(signum).name}) before a checkpoint could be taken: the run stopped; "
+              "relaunch the same command to resume it.", file=sys.stderr)
+        return SIGINT_EXIT_CODE if signum == signal.SIGINT else REQUEUE_EXIT_CODE
+    except Exception as err:
+        disk = _disk_error(err)
+        if disk is None:
+            raise
+        print(f"error: {redact(str(disk))}. The run stopped; make room and relaunch the same command to resume "
+              "from the newest good checkpoint.", file=sys.stderr)
+        return 1
+
