@@ -16,8 +16,9 @@ checkpoints and validation excluded. N > 1 runs use ``--strategy`` (``ddp``). On
 one process on one core (``OMP_NUM_THREADS=1`` unless set), so N counts cores. Arguments this
 command does not know are passed to every child (``--trainer.precision bf16-mixed`` ...).
 
-Outputs, in ``--out`` (default ``<runs_root>/<experiment>/scale-<time>``) and logged to one MLflow
-parent run whose children are the per-N training runs (tag ``mlflow.parentRunId``):
+Outputs, in ``--out`` (default ``<runs_root>/<experiment>/scale-<time>``; for ``--from-csv FILE``,
+``<runs_root>/<experiment>/scale-<FILE's stem>`` with experiment ``scale`` unless given) and logged to
+one MLflow parent run whose children are the per-N training runs (tag ``mlflow.parentRunId``):
 ``scaling.csv`` (one row per N), ``scaling.png`` (measured points, ideal, Amdahl, Gustafson and
 USL curves, USL's peak N* marked), ``scaling.json`` (the fit, as ``--json`` prints it) and a
 table. The prediction check compares, for each N > 1 run, the speedup that StepTiming's own serial
@@ -83,6 +84,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class _RunsRoot(argparse.Action):
+    """Store ``--runs_root`` and remember how the user spelled it (``--runs-root`` is an alias), for messages."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.runs_root_flag = option_string or "--runs_root"
+
+
 @dataclass
 class Point:
     """One measured device count."""
@@ -111,6 +121,11 @@ class ScaleResult:
     parent_run_id: str | None = None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def fit_note(self) -> str:
+        """The caveat about the fits, checked against the numbers (see :func:`fit_note`)."""
+        return fit_note(self.points, self.fits)
+
     def prediction_checks(self) -> list[dict[str, float]]:
         """For each N > 1 with a StepTiming serial fraction: the speedup it predicts vs the one measured."""
         return [{"devices": p.devices, "serial_fraction": p.serial_fraction,
@@ -132,7 +147,7 @@ class ScaleResult:
                         "r_squared": f.usl.r_squared},
                 "best": f.best,
                 "underdetermined": f.underdetermined,
-                "note": f.note,
+                "note": self.fit_note,
             },
             "prediction_check": self.prediction_checks(),
             "measured_devices_max": self.real_devices,
@@ -255,6 +270,42 @@ def fit_points(points: list[Point]) -> FitComparison:
     return fits
 
 
+def _exact(r_squared: float) -> bool:
+    return math.isfinite(r_squared) and r_squared > 1 - 1e-6
+
+
+def no_speedup(points: Sequence[Point]) -> bool:
+    """Whether every ``N > 1`` ran at most as fast as ``N = 1`` (a loaded machine, or too little work)."""
+    multi = [p for p in points if p.devices > 1]
+    return bool(multi) and all(p.speedup <= 1.0 for p in multi)
+
+
+def fit_note(points: Sequence[Point], fits: FitComparison) -> str:
+    """What the fits are worth, in words that agree with their numbers.
+
+    :func:`callbacks.scaling_laws.compare_fits` says when too few device counts make a law fit "exactly";
+    that only holds when the law can reach the measured speedups. This keeps its note where the R² bears
+    it out and replaces it where not: no speedup at all (every ``N > 1`` at most as fast as ``N = 1``),
+    a superlinear point no one-parameter law reaches, or two ``N > 1`` that even USL does not pass through.
+    """
+    multi = [p for p in points if p.devices > 1]
+    measured = ", ".join(f"x{p.speedup:.2f} at N={p.devices}" for p in multi)
+    if no_speedup(points):
+        return (f"No speedup measured ({measured}): more devices were no faster than one. The machine was "
+                "loaded or the work per step is too small to split; the fitted laws describe no scaling "
+                "and predict nothing. Measure again on an idle machine or with more work per step.")
+    if fits.informative_n == 1 and not (_exact(fits.amdahl.r_squared) and _exact(fits.gustafson.r_squared)):
+        return (f"Only one device count N > 1 was measured ({measured}), a speedup above N that Amdahl and "
+                f"Gustafson cannot reach (their s is clipped to {fits.amdahl.serial_fraction:g}; R² "
+                f"{fits.amdahl.r_squared:.3f}), and USL's two parameters are not determined. A superlinear "
+                "point usually means a noisy N = 1 measurement or a cache effect: measure again, and more N.")
+    if fits.informative_n == 2 and not _exact(fits.usl.r_squared):
+        return (f"Only two device counts N > 1 were measured ({measured}), and not even USL's two parameters "
+                f"pass through them (R² {fits.usl.r_squared:.3f}): the points are not consistent with any of "
+                "these laws (noise or a loaded machine?). Measure each N more than once, and at least three N > 1.")
+    return fits.note
+
+
 # ------------------------------------------------------------------------------ sweep
 def child_command(configs: Sequence[str], devices: int, batch: int | None, args: argparse.Namespace,
                   run_name: str, experiment: str, add_timing: bool, extra: Sequence[str]) -> list[str]:
@@ -315,7 +366,7 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
     except cli.UsageError as err:
         raise UsageError(str(err)) from None
     except StoreError as err:
-        raise UsageError(f"--runs-root {err}") from None
+        raise UsageError(f"{args.runs_root_flag} {err}") from None
     # the sweep's own outputs stay local when the runs live in object storage (they are logged to MLflow)
     out_root = Path("runs") if is_remote(args.runs_root) else Path(args.runs_root)
     out_dir = Path(args.out or out_root / experiment / f"scale-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -385,14 +436,16 @@ def run_from_csv(args: argparse.Namespace, console: Console) -> ScaleResult:
     """Fit a user's ``devices,throughput`` measurements; no training."""
     points = read_csv(args.from_csv)
     fits = fit_points(points)
-    out_dir = Path(args.out or Path(args.from_csv).with_suffix("").parent / f"scale-{Path(args.from_csv).stem}")
+    experiment = args.experiment or "scale"
+    # beside the runs, never beside the CSV (often the repository): local even for a remote --runs_root
+    out_root = Path("runs") if is_remote(args.runs_root) else Path(args.runs_root)
+    out_dir = Path(args.out or out_root / experiment / f"scale-{Path(args.from_csv).stem}")
     out_dir.mkdir(parents=True, exist_ok=True)
     result = ScaleResult(args.mode, points, fits, max(p.devices for p in points), out_dir)
     result.notes.append(f"Fitted to the measurements in {args.from_csv} (no training here).")
     write_outputs(result)
     if not args.no_mlflow:
         client = mlflow.MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI))
-        experiment = args.experiment or "scale"
         exp = client.get_experiment_by_name(experiment)
         experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
         run = client.create_run(experiment_id, run_name=out_dir.name, tags={"atscale.kind": "scale-fit"})
@@ -426,9 +479,19 @@ def write_outputs(result: ScaleResult) -> None:
 
 
 def plot_scaling(result: ScaleResult, path: Path) -> Path:
-    """Measured speedups, ideal, the fitted Amdahl, Gustafson and USL curves, and USL's N*."""
+    """Write :func:`scaling_figure` as a PNG."""
+    scaling_figure(result).savefig(path, dpi=100)
+    return path
+
+
+def scaling_figure(result: ScaleResult) -> Any:
+    """Measured speedups, ideal, the fitted Amdahl, Gustafson and USL curves, and USL's N*.
+
+    Both axes are logarithmic (base 2) with plain numbers as tick labels: 1, 2, 4, 8, 16, not 2⁰ ... 2⁴.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fits = result.fits
     n_max_measured = max(p.devices for p in result.points)
@@ -457,13 +520,17 @@ def plot_scaling(result: ScaleResult, path: Path) -> Path:
             markersize=7, label="measured", zorder=5)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("devices N")
     ax.set_ylabel("speedup C(N) = throughput(N) / throughput(1)")
-    ax.set_title(f"{result.mode} scaling — measured up to N = {n_max_measured}; beyond is prediction")
+    ax.set_title(f"{result.mode} scaling — measured up to N = {n_max_measured}; "
+                 + ("no speedup measured" if no_speedup(result.points) else "beyond is prediction"))
     ax.legend(fontsize="small", loc="upper left")
     ax.grid(True, which="both", alpha=0.3)
-    fig.savefig(path, dpi=100)
-    return path
+    return fig
 
 
 def log_parent(client: mlflow.MlflowClient, result: ScaleResult) -> None:
@@ -518,8 +585,8 @@ def print_report(result: ScaleResult, console: Console) -> None:
         f"N* = {fits.usl.peak_n:.1f} (x{fits.usl.peak_speedup:.2f})"
     laws.add_row("USL", f"a = {fits.usl.a:.4g}, b = {fits.usl.b:.4g}, peak {peak}, R² {fits.usl.r_squared:.4f}")
     laws.add_row("best", fits.best + (" (underdetermined: see note)" if fits.underdetermined else ""))
-    if fits.note:
-        laws.add_row("note", fits.note)
+    if result.fit_note:
+        laws.add_row("note", result.fit_note)
     for note in result.notes:
         laws.add_row("measured", note)
     for check in result.prediction_checks():
@@ -545,9 +612,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="global (strong) or per-device (weak) batch; default: the config's")
     parser.add_argument("--strategy", default="ddp", help="trainer.strategy for N > 1")
-    parser.add_argument("--experiment", default=None, help="MLflow experiment (default: the config's)")
-    parser.add_argument("--runs-root", dest="runs_root", default="runs", help="root of the run directories")
-    parser.add_argument("--out", default=None, help="output directory")
+    parser.add_argument("--experiment", default=None,
+                        help="MLflow experiment (default: the config's; 'scale' with --from-csv)")
+    parser.add_argument("--runs_root", "--runs-root", dest="runs_root", default="runs", action=_RunsRoot,
+                        help="root of the run directories; the sweep's outputs go to <runs_root>/<experiment>/scale-*")
+    parser.set_defaults(runs_root_flag="--runs_root")
+    parser.add_argument("--out", default=None, help="output directory (default: under --runs_root)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds allowed per training run")
     parser.add_argument("--from-csv", dest="from_csv", default=None,
                         help="fit these measurements (columns devices,throughput) instead of training")

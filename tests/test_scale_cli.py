@@ -169,3 +169,81 @@ def test_helpers() -> None:
     with pytest.raises(UsageError, match="listed twice"):
         parse_devices("1,2,2")
     assert REPO.is_dir()
+
+
+def test_from_csv_writes_under_the_runs_root_not_beside_the_csv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # as from the repository root, which git does not ignore
+    (tmp_path / "data").mkdir()
+    _write_csv(tmp_path / "data" / "mine.csv", [(1, 100.0), (2, 160.0)])
+    assert main(["--from-csv", "data/mine.csv", "--no-mlflow", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["out_dir"] == "runs/scale/scale-mine"
+    assert sorted(p.name for p in (tmp_path / "runs" / "scale" / "scale-mine").iterdir()) == \
+        ["scaling.csv", "scaling.json", "scaling.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "runs"]
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["mine.csv"]
+    # --runs_root as recipes.fit spells it, and the old --runs-root still accepted
+    for flag, root in (("--runs_root", "elsewhere"), ("--runs-root", "other")):
+        assert main(["--from-csv", "data/mine.csv", "--no-mlflow", "--json", flag, root, "--experiment", "e"]) == 0
+        assert json.loads(capsys.readouterr().out)["out_dir"] == f"{root}/e/scale-mine"
+        assert (tmp_path / root / "e" / "scale-mine" / "scaling.json").is_file()
+
+
+def _report(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+            rows: list[tuple[int, float]]) -> tuple[dict, str]:
+    """The fit of these (devices, throughput) rows as JSON, and the report as 100-column text, whitespace folded."""
+    monkeypatch.setenv("COLUMNS", "100")
+    argv = ["--from-csv", str(_write_csv(tmp_path / "m.csv", rows)), "--no-mlflow", "--out", str(tmp_path / "fit")]
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert main(argv) == 0
+    return data, " ".join(capsys.readouterr().out.replace("│", " ").split())
+
+
+def test_note_agrees_with_the_numbers_when_nothing_sped_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A loaded machine: N=2 ran at half the speed of N=1. The old note said the laws fit it exactly."""
+    data, text = _report(capsys, monkeypatch, tmp_path, [(1, 100.0), (2, 50.0)])
+    amdahl = data["fits"]["amdahl"]
+    assert (amdahl["serial_fraction"], amdahl["ceiling"], amdahl["r_squared"]) == (1.0, 1.0, pytest.approx(-1.0))
+    note = ("No speedup measured (x0.50 at N=2): more devices were no faster than one. The machine was loaded or "
+            "the work per step is too small to split; the fitted laws describe no scaling and predict nothing. "
+            "Measure again on an idle machine or with more work per step.")
+    assert data["fits"]["note"] == note
+    assert "Amdahl s = 1.0000, ceiling x1.00, R² -1.0000" in text
+    assert f"note {note}" in text
+    assert "exactly" not in text
+
+
+def test_note_for_a_superlinear_point_and_two_inconsistent_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    data, text = _report(capsys, monkeypatch, tmp_path, [(1, 100.0), (2, 240.0)])
+    assert data["fits"]["amdahl"]["serial_fraction"] == 0.0 and data["fits"]["amdahl"]["r_squared"] < 0.9
+    assert data["fits"]["note"].startswith("Only one device count N > 1 was measured (x2.40 at N=2), a speedup "
+                                           "above N that Amdahl and Gustafson cannot reach (their s is clipped to 0;")
+    assert "fit it exactly" not in text
+    # x1.8 at N=2 but x4.2 at N=4 (superlinear there): USL's a, b >= 0 cannot pass through both
+    data, _ = _report(capsys, monkeypatch, tmp_path, [(1, 100.0), (2, 180.0), (4, 420.0)])
+    assert data["fits"]["usl"]["r_squared"] < 1 - 1e-6
+    assert data["fits"]["note"].startswith("Only two device counts N > 1 were measured (x1.80 at N=2, x4.20 at N=4), "
+                                           "and not even USL's two parameters pass through them (R² ")
+    # consistent data keep the fitting module's own note: one N > 1 in reach of Amdahl is fitted exactly
+    data, _ = _report(capsys, monkeypatch, tmp_path, [(1, 100.0), (2, 160.0)])
+    assert data["fits"]["amdahl"]["r_squared"] == pytest.approx(1.0, abs=1e-12)
+    assert data["fits"]["note"].startswith("Only one device count N > 1 was measured: Amdahl and Gustafson")
+
+
+def test_scaling_plot_labels_devices_as_plain_integers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.scale import ScaleResult, fit_points, read_csv, scaling_figure
+
+    points = read_csv(str(_write_csv(tmp_path / "m.csv", [(1, 100.0), (2, 180.0), (4, 300.0)])))
+    fig = scaling_figure(ScaleResult("strong", points, fit_points(points), 4, tmp_path))
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    low, high = ax.get_xlim()
+    shown = [t for t in ax.xaxis.get_major_ticks() if low <= t.get_loc() <= high]
+    assert [t.label1.get_text() for t in shown] == ["1", "2", "4", "8", "16"]
+    assert all(t.label1.get_text() == "" for t in ax.xaxis.get_minor_ticks())
+    ylow, yhigh = ax.get_ylim()
+    ylabels = [t.label1.get_text() for t in ax.yaxis.get_major_ticks() if ylow <= t.get_loc() <= yhigh]
+    assert ylabels and all(label.replace(".", "").isdigit() for label in ylabels)  # 1, 2, 4 ... not 2^k
