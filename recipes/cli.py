@@ -17,16 +17,19 @@ What it adds to Lightning's CLI:
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +51,7 @@ from callbacks import ckpt_store, remote_store
 from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.cost import PROGRESS_FILE, CostTracker
-from callbacks.manifest import Manifest
+from callbacks.manifest import Manifest, git_state
 from callbacks.mlflow_model import LogModel
 from callbacks.model_checkpoint import PublishedModelCheckpoint
 from callbacks.remote_store import RemoteCheckpoints, StoreError
@@ -89,6 +92,10 @@ class UsageError(Exception):
     """Bad input, reported as one line and exit code 2."""
 
 
+class AlreadyComplete(Exception):
+    """The run being relaunched finished already with this config: nothing to train (exit code 0)."""
+
+
 class Interrupted(BaseException):
     """A SIGTERM or SIGINT outside training (where SpotCheckpoint owns the signals): unwind and stop."""
 
@@ -109,6 +116,8 @@ class RunContext:
     mlflow_run_id: str | None
     #: The run directory in object storage (``run_dir`` is then its local staging copy).
     run_url: str | None = None
+    #: What the run resumes from, said once every check has passed.
+    resume_note: str | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -171,6 +180,34 @@ def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
         tracking.check_server(uri, timeout)
     except TrackingError as err:
         raise UsageError(str(err)) from None
+
+
+def _short_class(value: Any) -> str:
+    """``a.b.Name`` (or a ``{class_path: ...}`` config) -> ``Name``; other values as text."""
+    if isinstance(value, (dict, Namespace)) and value.get("class_path"):
+        value = value.get("class_path")
+    return str(value).rsplit(".", 1)[-1] if isinstance(value, str) and "." in value and " " not in value \
+        else str(value)
+
+
+def search_tags(cfg: Namespace) -> dict[str, str]:
+    """Tags a person filters runs by in MLflow, and the run's description (the command that started it)."""
+    trainer = cfg.trainer
+    configs = [Path(str(c)).name for c in (cfg.get("config") or [])]
+    tags = {
+        "atscale.recipe": " + ".join(configs) or cfg.experiment,
+        "atscale.model": _short_class(cfg.get("model")),
+        "atscale.data": _short_class(cfg.get("data")),
+        "atscale.strategy": _short_class(trainer.get("strategy") or "auto"),
+        "atscale.devices": f"{trainer.get('devices') or 'auto'} x {trainer.get('num_nodes') or 1}",
+        "atscale.precision": str(trainer.get("precision") or "32-true"),
+        "atscale.market": str(cfg.cost.get("market")) if cfg.get("cost") else "on_demand",
+        "mlflow.note.content": "```\n" + " ".join(redact(a) for a in [Path(sys.executable).name, *sys.argv]) + "\n```",
+    }
+    sha = git_state(Path(__file__).parent).get("sha")
+    if sha:
+        tags["atscale.git_sha"] = sha
+    return tags
 
 
 def check_devices(trainer_cfg: Namespace) -> None:
@@ -419,7 +456,11 @@ class AtscaleCLI(LightningCLI):
             run_id = run_id or tracking.find_run(client, experiment, self.context.identity)
             if run_id:
                 self._refuse_ignored_changes(client, run_id, cfg)
+                if ckpt_path and not cfg.ckpt_path:
+                    self._stop_if_complete(client, run_id, cfg, ckpt_path)
         self.context.ckpt_path, self.context.mlflow_run_id = ckpt_path, run_id
+        if self.context.resume_note:
+            log.warning("%s", self.context.resume_note)
         # ranks that Lightning launches re-run this command: tell them what was decided
         os.environ[ENV_RUN_NAME] = run_name
         os.environ[ENV_CKPT_PATH] = ckpt_path or ""
@@ -458,6 +499,27 @@ class AtscaleCLI(LightningCLI):
                              f"{changes}. Relaunch with the original values, or start over with --fresh true or a "
                              "new --run_name.")
 
+    def _stop_if_complete(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace, ckpt_path: str) -> None:
+        """A FINISHED run relaunched with the same length of training has nothing to do: say so instead of resuming."""
+        try:
+            run = client.get_run(run_id)
+        except mlflow.exceptions.MlflowException:
+            return
+        length = {k: v for k, v in flatten(cfg).items() if k in ("trainer.max_epochs", "trainer.max_steps",
+                                                                 "trainer.max_time")}
+        if run.info.status != "FINISHED" or any(run.data.params.get(k, v) != v for k, v in length.items()):
+            return
+        record = ckpt_store.read_record(ckpt_path, verify_hash=False)
+        step = f" at step {record.global_step}" if record else ""
+        monitor = cfg.checkpoint.monitor
+        metric = run.data.metrics.get(monitor) if monitor else None
+        shown = f", {monitor} {metric:.4f}" if metric is not None else ""
+        assert self.context is not None
+        raise AlreadyComplete(f"run {cfg.experiment}/{self.context.run_name} is already complete (finished{step}"
+                              f"{shown}; MLflow run {run_id}). To train longer, relaunch with a larger "
+                              "--trainer.max_epochs (or --trainer.max_steps); to start over, add --fresh true or "
+                              "choose a new --run_name.")
+
     @staticmethod
     def _resolve_resume(cfg: Namespace, ctx: RunContext) -> tuple[str | None, str | None]:
         if launched_by_parent():  # a rank launched by the process that decided
@@ -493,7 +555,7 @@ class AtscaleCLI(LightningCLI):
         source = remote.object_url(record.path.name) if remote else record.path
         fetched = remote.last_fetch if remote else None
         how = f"; downloaded {fetched[0] / 2**20:.1f} MiB in {fetched[1]:.1f} s" if fetched else ""
-        log.warning("Resuming from %s (step %d%s).", source, record.global_step, how)
+        ctx.resume_note = f"Resuming from {source} (step {record.global_step}{how})."
         return str(record.path), record.extra.get("mlflow_run_id")
 
     @staticmethod
@@ -573,7 +635,7 @@ class AtscaleCLI(LightningCLI):
                 tracking_uri=ctx.tracking_uri,
                 run_id=ctx.mlflow_run_id,
                 # created with the run, atomically: a relaunch finds the run even if killed a moment later
-                tags={**(run_tags() or {}), RUN_DIR_TAG: ctx.identity},
+                tags={**search_tags(self.config), **(run_tags() or {}), RUN_DIR_TAG: ctx.identity},
             )
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
@@ -664,7 +726,64 @@ class AtscaleCLI(LightningCLI):
             table.add_row("mlflow", f"experiment {self.context.experiment!r}, run {logger.run_id}")
             table.add_row("tracking", redact(self.context.tracking_uri))
         table.add_row("run dir", redact(self.context.location))
-        Console(stderr=False).print(table)
+        console = Console(stderr=False)
+        if not console.is_terminal:  # a log file or a pipe: as wide as the longest row, so paths print whole
+            longest = max((len(cell) for column in table.columns for cell in column.cells if isinstance(cell, str)),
+                          default=0)
+            console = Console(stderr=False, width=max(100, longest + 30))
+        console.print(table)
+
+
+class _DropLines(logging.Filter):
+    """Drop log records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_known_noise() -> None:
+    """Silence what is known to be harmless and outside this project's control; real warnings stay.
+
+    - Lightning's seed announcement (the seed is in config.yaml and the params) and its litlogger tip;
+    - MLflow's INFO lines about its system-metrics thread and database setup;
+    - deprecation warnings that Lightning 2.6 and torchdata raise from their own code on every run
+      (``LeafSpec``, ``set_vital``), which a user cannot act on.
+    """
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLines("💡 Tip:"))
+    for name in ("mlflow.system_metrics", "mlflow.store.db.utils", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated")
+    warnings.filterwarnings("ignore", message=r".*'set_vital' is deprecated")
+
+
+def parse_error_message(message: str) -> str:
+    """jsonargparse's error cut to one line: the key, what it expects, the value given.
+
+    jsonargparse nests every Union alternative it tried (``LightningModule | None`` and so on) into a
+    dozen lines; a person needs the key and the bad value.
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    nested = re.findall(r"NestedArg\(key='([^']+)', val='([^']*)'\)", message)
+    given = re.findall(r"Given value: (.*)", message)
+    expected = [e for e in re.findall(r"Expected a <class '([\w.]+)'>", message) if e != "NoneType"]
+    problem = re.findall(r"Problem with given class_path '[^']+':\s*(?!Parser key)(.+)", message)
+    if keys and nested:
+        key, value = f"{keys[0]}.init_args.{nested[-1][0]}", nested[-1][1]
+    elif keys and given:
+        key, value = keys[0], given[-1]
+    else:
+        return " ".join(lines[:2]) if lines else message
+    if expected:
+        return f"{key}: expected {expected[0].rsplit('.', 1)[-1]}, got {value!r}"
+    if problem:
+        return f"{key}: {problem[-1]}"
+    return f"{key}: invalid value {value!r}"
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
@@ -690,15 +809,23 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     back), SIGTERM and SIGINT unwind the process: nothing is left half-written, the MLflow run (if one
     was opened) is marked KILLED, and the exit code is 75 (relaunch to resume) or 130 (Ctrl-C).
     """
-    # Lightning announces the seed at INFO before any input is checked; the seed is in config.yaml and the params
-    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    quiet_known_noise()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, _raise_interrupted)
     cli: AtscaleCLI | None = None
+    kwargs.setdefault("parser_kwargs", {})
+    kwargs["parser_kwargs"] = {"exit_on_error": False, **kwargs["parser_kwargs"]}
     try:
         cli = AtscaleCLI(args=args, **kwargs)
         return cli.fit()
+    except AlreadyComplete as done:
+        print(done)
+        return 0
+    except argparse.ArgumentError as err:  # jsonargparse's parse errors: the message, not the 70-line usage
+        print(f"error: {redact(parse_error_message(str(err)))}\n"
+              f"(python -m recipes.fit --help lists every option)", file=sys.stderr)
+        return USAGE_EXIT_CODE
     except (UsageError, MisconfigurationException, ValueError, TypeError, FileNotFoundError) as err:
         if cli is not None and not isinstance(err, UsageError):
             raise  # past start-up these are failures, not bad input

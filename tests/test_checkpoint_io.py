@@ -38,6 +38,7 @@ class GatedIO(CheckpointIO):
 def test_a_new_save_waits_for_the_one_in_flight(caplog: pytest.LogCaptureFixture) -> None:
     inner = GatedIO()
     io = BoundedAsyncCheckpointIO(inner)
+    io.warn_after_s = 0.25  # the wait below is >= 0.5 s: a warning (shorter waits are logged at DEBUG)
     io.save_checkpoint({"w": torch.zeros(2)}, "a")  # returns at once: written in the background
     second = threading.Thread(target=io.save_checkpoint, args=({"w": torch.ones(2)}, "b"))
     with caplog.at_level(logging.WARNING, logger="callbacks.checkpoint_io"):
