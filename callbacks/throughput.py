@@ -18,8 +18,8 @@ Logged on rank 0 every ``log_every_n_steps`` once ``window_size`` batches have b
 ==============================  ==================================================
 key                             meaning
 ==============================  ==================================================
-``train/device/items_per_sec``  tokens per second on one device
-``train/items_per_sec``         tokens per second over all devices (world size > 1)
+``train/device/tokens_per_sec`` tokens per second on one device
+``train/tokens_per_sec``        tokens per second over all devices (world size > 1)
 ``train/device/flops_per_sec``  model FLOP/s on one device
 ``train/device/mfu``            device FLOP/s / peak dense FLOP/s (when known)
 ``train/lengths``               tokens seen by one device since training (re)started
@@ -101,7 +101,7 @@ class TokenThroughput(ThroughputMonitor):
     Example::
 
         trainer = Trainer(callbacks=[TokenThroughput(peak_tflops=989)], log_every_n_steps=10)
-        trainer.fit(GPT(), datamodule=TextDataModule())   # logs train/device/items_per_sec, train/device/mfu
+        trainer.fit(GPT(), datamodule=TextDataModule())   # logs train/device/tokens_per_sec, train/device/mfu
     """
 
     def __init__(self, peak_tflops: float | None = None, window_size: int = 50) -> None:
@@ -129,16 +129,29 @@ class TokenThroughput(ThroughputMonitor):
                      self.device_name)
 
     @override
+    def _compute(self, trainer: Trainer, iter_num: int | None = None) -> None:
+        # Lightning's ThroughputMonitor names the lengths it counts "items": for a language model they are tokens,
+        # so they are logged as such (the rest of its keys as Lightning names them)
+        if not trainer._logger_connector.should_update_logs:
+            return
+        stage = trainer.state.stage
+        assert stage is not None
+        throughput = self._throughputs[stage]
+        metrics = {f"{stage.value}{throughput.separator}{k.replace('items_per_sec', 'tokens_per_sec')}": v
+                   for k, v in throughput.compute().items()}
+        trainer._logger_connector.log_metrics(metrics, step=iter_num)  # type: ignore[arg-type]
+
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         self.last = {key: float(value) for key, value in trainer.logged_metrics.items()
-                     if key.startswith("train/") and key.endswith(("items_per_sec", "flops_per_sec", "mfu"))}
+                     if key.startswith("train/") and key.endswith(("tokens_per_sec", "flops_per_sec", "mfu"))}
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """Rows for the end summary: tokens/s and MFU of the last logged window."""
-        device_rate = self.last.get("train/device/items_per_sec")
+        device_rate = self.last.get("train/device/tokens_per_sec")
         if device_rate is None:
             return [("tokens/s", f"not measured (fewer than window_size={self._window()} batches were logged)")]
-        total = self.last.get("train/items_per_sec", device_rate)
+        total = self.last.get("train/tokens_per_sec", device_rate)
         rows = [("tokens/s", f"{total:,.0f} (per device {device_rate:,.0f})")]
         mfu = self.last.get("train/device/mfu")
         if self.available_flops is None:

@@ -40,7 +40,7 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -54,6 +54,7 @@ from callbacks.cost import PROGRESS_FILE, CostTracker
 from callbacks.manifest import Manifest, git_state
 from callbacks.mlflow_model import LogModel
 from callbacks.model_checkpoint import PublishedModelCheckpoint
+from callbacks.progress import RunProgressBar
 from callbacks.remote_store import RemoteCheckpoints, StoreError
 from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
 from callbacks.timing import StepTiming
@@ -627,7 +628,7 @@ class AtscaleCLI(LightningCLI):
             extra.append(StepTiming())
         if config.get("enable_progress_bar", True) is not False and not any(
                 isinstance(cb, ProgressBar) for cb in user_callbacks):
-            extra.append(RichProgressBar(leave=True))
+            extra.append(RunProgressBar(leave=True))
         if config.get("logger") in (None, True):
             config["logger"] = MLFlowLogger(
                 experiment_name=ctx.experiment,

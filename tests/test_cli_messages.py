@@ -52,3 +52,14 @@ def test_refused_changes_lists_only_changed_keys_that_would_be_ignored() -> None
     logged = {"trainer.max_epochs": "1", "model.lr": "0.003", "seed_everything": "42", "gone": "x"}
     new = {"trainer.max_epochs": "2", "model.lr": "0.01", "seed_everything": "42", "added": "y"}
     assert refused_changes(logged, new) == [("model.lr", "0.003", "0.01")]
+
+
+@pytest.mark.parametrize(("max_epochs", "expected"), [(-1, "Epoch 0"), (20, "Epoch 0/19"), (None, "Epoch 0")])
+def test_progress_bar_has_no_negative_epoch_total(max_epochs: int | None, expected: str) -> None:
+    from types import SimpleNamespace
+
+    from callbacks.progress import RunProgressBar
+
+    bar = RunProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=max_epochs)  # what the description reads
+    assert bar._get_train_description(0).strip() == expected

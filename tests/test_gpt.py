@@ -174,7 +174,7 @@ def test_one_device_training_learns(tiny: SimpleNamespace) -> None:
 def test_throughput_and_mfu_are_exact_with_a_fake_clock(tiny: SimpleNamespace) -> None:
     assert tiny.model.flops_per_batch is not None
     last = tiny.throughput.last
-    assert last["train/device/items_per_sec"] == BATCH * 32  # one batch of 8 x 32 tokens per fake second
+    assert last["train/device/tokens_per_sec"] == BATCH * 32  # one batch of 8 x 32 tokens per fake second
     assert last["train/device/flops_per_sec"] == 223_104 * BATCH
     assert last["train/device/mfu"] == pytest.approx(0.5, rel=1e-9)
     assert tiny.throughput.summary_rows({})[0] == ("tokens/s", "256 (per device 256)")
@@ -194,7 +194,7 @@ def test_mfu_unavailable_on_cpu_without_a_peak(tmp_path: Path) -> None:
     run = fit_tiny(tmp_path, 3, TokenThroughput(window_size=2))
     assert run.throughput.available_flops is None
     assert "train/device/mfu" not in run.trainer.logged_metrics
-    assert run.throughput.last["train/device/items_per_sec"] == BATCH * 32
+    assert run.throughput.last["train/device/tokens_per_sec"] == BATCH * 32
     assert run.throughput.summary_rows({})[1] == (
         "MFU", "unavailable: no peak FLOP/s known for cpu (set the TokenThroughput callback's peak_tflops)")
 

@@ -115,7 +115,7 @@ def test_metric_differences_and_ignored_keys():
     assert table["extra"] == (None, 1.0, None, False)
     assert next(d for d in diffs if d.key == "val/loss").within(1e-7)
     ignored = ["system/cpu_utilization_percentage", "time/step_s", "comm/measured_s", "cost/usd",
-               "train/items_per_sec", "train/device/mfu", "spot/notice_to_saved_s", "amdahl/serial_fraction"]
+               "train/tokens_per_sec", "train/device/mfu", "spot/notice_to_saved_s", "amdahl/serial_fraction"]
     kept = ["val/acc", "train/loss", "baseline/linear_acc", "noise_scale/b_simple", "lr/actual", "epoch"]
     assert [k for k in ignored if not any(fnmatch.fnmatch(k, p) for p in DEFAULT_IGNORE)] == []
     assert [k for k in kept if any(fnmatch.fnmatch(k, p) for p in DEFAULT_IGNORE)] == []
