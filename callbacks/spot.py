@@ -324,6 +324,9 @@ class SpotCheckpoint(Callback):
         optimum_s = daly_interval(save_cost_s, mtbf_s)
         if self.every_minutes == "auto":
             self.interval_s = optimum_s
+            if trainer.is_global_zero:
+                log.warning("SpotCheckpoint(every_minutes='auto'): saving every %.1f min (Daly's optimum for a %.2f s "
+                            "save and a %.1f h MTBF).", optimum_s / 60, save_cost_s, mtbf_s / 3600)
         elif self.interval_s is not None and interval_mismatch(self.interval_s, optimum_s) > 2.0:
             log.warning("SpotCheckpoint(every_minutes=%s) is more than 2x away from Daly's optimum of %.1f min "
                         "(save %.2f s, MTBF %.1f h).", self.every_minutes, optimum_s / 60, save_cost_s, mtbf_s / 3600)

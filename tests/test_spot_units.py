@@ -286,14 +286,23 @@ class _StubTrainer:
     is_global_zero = False
 
 
-def test_auto_interval_is_dalys_optimum_for_the_measured_save() -> None:
+class _StubRankZero(_StubTrainer):
+    is_global_zero = True
+    global_step = 0
+    loggers: list = []
+
+
+def test_auto_interval_is_dalys_optimum_for_the_measured_save(caplog: pytest.LogCaptureFixture) -> None:
     import math
 
     per_hour = 1 - math.exp(-1 / 24)  # one interruption a day on average: MTBF 24 h
     spot = SpotCheckpoint(every_minutes="auto", interruption_rate=per_hour)
-    spot._choose_interval(_StubTrainer(), save_cost_s=300.0)  # a 5-minute save
+    with caplog.at_level(logging.WARNING, logger="callbacks.spot"):
+        spot._choose_interval(_StubRankZero(), save_cost_s=300.0)  # a 5-minute save
     assert spot.interval_s is not None
     assert spot.interval_s / 60 == pytest.approx(116.7, abs=0.05)  # Daly's published case
+    assert caplog.messages == ["SpotCheckpoint(every_minutes='auto'): saving every 116.7 min (Daly's optimum for a "
+                               "300.00 s save and a 24.0 h MTBF)."]
 
 
 def test_fixed_interval_far_from_optimum_warns(caplog: pytest.LogCaptureFixture) -> None:
