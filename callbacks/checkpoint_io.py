@@ -60,20 +60,26 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r}).")
+        # atomic_write raises the OSError that torch.save's zip writer wraps in a RuntimeError
         try:
             size, sha256 = ckpt_store.atomic_write(path, lambda handle: torch.save(checkpoint, handle))
         except OSError as err:  # ENOSPC, EDQUOT, EIO...: say what was kept, keep the errno
             raise OSError(err.errno, f"could not write checkpoint {path} ({err.strerror or err}); "
                                      "nothing was replaced: the previous checkpoints are intact") from err
-        ckpt_store.write_record(
-            path,
-            global_step=checkpoint.get("global_step", 0),
-            epoch=checkpoint.get("epoch", 0),
-            size=size,
-            sha256=sha256,
-            # the run metadata without the per-rank RNG states (they stay in the checkpoint)
-            extra={k: v for k, v in checkpoint.get(RUN_METADATA_KEY, {}).items() if k != "rng"},
-        )
+        try:
+            ckpt_store.write_record(
+                path,
+                global_step=checkpoint.get("global_step", 0),
+                epoch=checkpoint.get("epoch", 0),
+                size=size,
+                sha256=sha256,
+                # the run metadata without the per-rank RNG states (they stay in the checkpoint)
+                extra={k: v for k, v in checkpoint.get(RUN_METADATA_KEY, {}).items() if k != "rng"},
+            )
+        except OSError as err:  # the disk filled up between the two: an unrecorded checkpoint is never used
+            Path(path).unlink(missing_ok=True)  # so free its space
+            raise OSError(err.errno, f"could not write the record of checkpoint {path} ({err.strerror or err}); "
+                                     "it was removed: the previous checkpoints are intact") from err
         if self.mirror is not None:
             if not self.mirror.try_publish(path):
                 self.upload_failures += 1
@@ -103,6 +109,9 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
     training waited: the cue to checkpoint less often or to faster storage.
     """
 
+    #: A wait shorter than this is logged at DEBUG only (still counted in ``waits`` and ``waited_s``).
+    warn_after_s = 1.0
+
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io)
         self._drained: Future | None = None
@@ -118,9 +127,11 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
             waited = time.monotonic() - started
             self.waits += 1
             self.waited_s += waited
-            log.warning("The previous checkpoint was still being written/uploaded: training waited %.2f s before "
-                        "the next save (%d such waits, %.1f s in all). Save less often or to faster storage.",
-                        waited, self.waits, self.waited_s)
+            # a wait of a few steps is the queue doing its job; a long one is worth acting on
+            log.log(logging.WARNING if waited >= self.warn_after_s else logging.DEBUG,
+                    "The previous checkpoint was still being written/uploaded: training waited %.2f s before "
+                    "the next save (%d such waits, %.1f s in all). Save less often or to faster storage.",
+                    waited, self.waits, self.waited_s)
         super().save_checkpoint(*args, **kwargs)
         assert self._executor is not None
         self._drained = self._executor.submit(lambda: None)  # done once every earlier save is

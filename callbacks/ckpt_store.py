@@ -1,13 +1,15 @@
 """Crash-safe checkpoint files: atomic publication, integrity records, newest-good lookup, pruning.
 
 A checkpoint ``X`` (a file, or a directory of distributed shards) counts as good only once its
-record ``X.meta.json`` exists and the bytes on disk still match it (size, and SHA-256 for a
-file). The record is written atomically *after* the checkpoint is complete, so a writer killed
-at any moment leaves either a good checkpoint or one that lookups skip: nothing ever replaces a
-good checkpoint in place, because every save gets a fresh name.
+record ``X.meta.json`` exists and the bytes on disk still match it (size and SHA-256 of the file,
+or of every file of the directory), and it loads without running code (``safe_load``: a forged
+checkpoint whose record was recomputed is skipped too). The record is written atomically *after*
+the checkpoint is complete, so a writer killed at any moment leaves either a good checkpoint or one
+that lookups skip: nothing ever replaces a good checkpoint in place, because every save gets a fresh name.
 
-No Lightning import: the spot callback and the checkpoint IO share this module, and the CLI uses
-it to find what to resume from.
+No Lightning import, and torch only when a checkpoint is verified: the spot callback and the
+checkpoint IO share this module, the CLI uses it to find what to resume from, and the planning
+tools read records through it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class CheckpointRecord:
     sha256: str | None
     saved_at: float
     extra: dict[str, Any]
+    #: For a directory: ``{relative path: {"size", "sha256"}}`` of every file (``None`` in records of older code).
+    files: dict[str, dict[str, Any]] | None = None
 
 
 def meta_path(path: str | os.PathLike) -> Path:
@@ -59,17 +63,27 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class _HashingWriter:
-    """A write-only file object that hashes and counts what passes through it."""
+    """A write-only file object that hashes and counts what passes through it.
+
+    It keeps the ``OSError`` a write raised (ENOSPC, EDQUOT, EIO): torch's zip writer catches it and
+    raises ``RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos`` instead, which
+    would lose the errno.
+    """
 
     def __init__(self, handle: IO[bytes]) -> None:
         self._handle = handle
         self.sha = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
         self.sha.update(data)
         self.size += len(data)
-        return self._handle.write(data)
+        try:
+            return self._handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
 
     def flush(self) -> None:
         self._handle.flush()
@@ -83,6 +97,10 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> tuple
 
     Returns:
         ``(size, sha256 hex digest)`` of what was written.
+
+    Raises:
+        OSError: the write failed; if ``write`` turned the file's ``OSError`` into another exception
+            (torch.save raises ``RuntimeError``), the original ``OSError`` is raised, chained to it.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,7 +108,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> tuple
     try:
         with open(tmp, "wb") as handle:
             writer = _HashingWriter(handle)
-            write(writer)
+            try:
+                write(writer)
+            except Exception as err:
+                if writer.error is not None and err is not writer.error:
+                    raise writer.error from err
+                raise
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -101,8 +124,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> tuple
     return writer.size, writer.sha.hexdigest()
 
 
+def _dir_files(path: Path) -> list[Path]:
+    return sorted(f for f in path.rglob("*") if f.is_file())
+
+
 def _dir_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return sum(f.stat().st_size for f in _dir_files(path))
 
 
 def file_sha256(path: Path) -> str:
@@ -114,6 +141,22 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def file_digests(directory: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "sha256"}}`` of every file under ``directory`` (a distributed checkpoint)."""
+    return {f.relative_to(directory).as_posix(): {"size": f.stat().st_size, "sha256": file_sha256(f)}
+            for f in _dir_files(directory)}
+
+
+def rejection(path: str | os.PathLike) -> str | None:
+    """Why checkpoint ``path`` cannot be loaded without running code it may hold (``safe_load``), or ``None``.
+
+    Imports torch: only callers that verify a checkpoint pay for it.
+    """
+    from callbacks import safe_load
+
+    return safe_load.rejection(path)
+
+
 def write_record(
     path: str | os.PathLike,
     global_step: int,
@@ -121,17 +164,22 @@ def write_record(
     size: int | None = None,
     sha256: str | None = None,
     extra: dict[str, Any] | None = None,
+    files: dict[str, dict[str, Any]] | None = None,
 ) -> CheckpointRecord:
     """Publish checkpoint ``path`` as good by writing its record (atomically, last).
 
-    For a file, pass the ``size``/``sha256`` measured while writing (or they are computed);
-    for a directory of shards, the record holds the total size only.
+    For a file, pass the ``size``/``sha256`` measured while writing (or they are computed). For a
+    directory of shards, the record holds the size and SHA-256 of every file: pass ``files`` when
+    they were just verified (a download), or they are computed.
     """
     path = Path(path)
     if path.is_dir():
-        size, sha256 = _dir_size(path), None
-    elif size is None or sha256 is None:
-        size, sha256 = path.stat().st_size, file_sha256(path)
+        files = file_digests(path) if files is None else files
+        size, sha256 = sum(int(f["size"]) for f in files.values()), None
+    else:
+        files = None
+        if size is None or sha256 is None:
+            size, sha256 = path.stat().st_size, file_sha256(path)
     record = {
         "global_step": int(global_step),
         "epoch": int(epoch),
@@ -140,14 +188,52 @@ def write_record(
         "saved_at": time.time(),
         "extra": extra or {},
     }
+    if files is not None:
+        record["files"] = files
     payload = json.dumps(record, indent=1).encode()
     atomic_write(meta_path(path), lambda f: f.write(payload))
     return CheckpointRecord(path=path, **{k: record[k] for k in ("global_step", "epoch", "size", "sha256")},
-                            saved_at=record["saved_at"], extra=record["extra"])
+                            saved_at=record["saved_at"], extra=record["extra"], files=files)
+
+
+def _files_match(path: Path, files: Any, verify_hash: bool) -> bool:
+    """Whether a directory holds exactly the files its record lists, with their sizes (and SHA-256s)."""
+    if not isinstance(files, dict) or not all(
+            isinstance(f, dict) and isinstance(f.get("size"), int) and isinstance(f.get("sha256"), str)
+            for f in files.values()):
+        log.warning("Checkpoint record %s lists its files wrongly; skipping %s.", meta_path(path), path)
+        return False
+    on_disk = {f.relative_to(path).as_posix(): f for f in _dir_files(path)}
+    if on_disk.keys() != files.keys():
+        missing, unexpected = sorted(files.keys() - on_disk.keys()), sorted(on_disk.keys() - files.keys())
+        log.warning("Checkpoint %s does not hold the files its record lists (missing: %s; unexpected: %s); "
+                    "skipping it.", path, ", ".join(missing) or "none", ", ".join(unexpected) or "none")
+        return False
+    for rel, want in files.items():
+        size = on_disk[rel].stat().st_size
+        if size != want["size"]:
+            log.warning("Checkpoint %s is truncated or changed (%s: %d bytes, record says %d); skipping it.",
+                        path, rel, size, want["size"])
+            return False
+    if verify_hash:
+        for rel, want in files.items():
+            if file_sha256(on_disk[rel]) != want["sha256"]:
+                log.warning("Checkpoint %s fails its SHA-256 check on %s (corrupt or changed); skipping it.",
+                            path, rel)
+                return False
+    return True
 
 
 def read_record(path: str | os.PathLike, verify_hash: bool = True) -> CheckpointRecord | None:
-    """The record of ``path`` if the checkpoint on disk matches it, else ``None`` (with a warning)."""
+    """The record of ``path`` if the checkpoint on disk matches it and loads safely, else ``None`` (with a warning).
+
+    Args:
+        verify_hash: verify fully before a load: the SHA-256 of every byte, and that the checkpoint
+            loads without running code (``safe_load``: a ``.ckpt``'s pickle parsed weights-only with its
+            tensors memory-mapped; a directory's ``.metadata`` through the allow-list unpickler, and
+            every non-tensor item of its shards). ``False``: sizes only, for bookkeeping that loads
+            nothing (pruning, uploading, planning), and no torch import.
+    """
     path = Path(path)
     meta = meta_path(path)
     try:
@@ -166,8 +252,22 @@ def read_record(path: str | os.PathLike, verify_hash: bool = True) -> Checkpoint
         log.warning("Checkpoint %s is truncated or changed (%d bytes, record says %d); skipping it.",
                     path, size, data["size"])
         return None
-    if verify_hash and data.get("sha256") and file_sha256(path) != data["sha256"]:
+    files = data.get("files")
+    if path.is_dir() and files is not None:  # records of older code hold the total size only
+        if not _files_match(path, files, verify_hash):
+            return None
+    elif verify_hash and data.get("sha256") and file_sha256(path) != data["sha256"]:
         log.warning("Checkpoint %s fails its SHA-256 check (corrupt); skipping it.", path)
+        return None
+    if verify_hash and (why := rejection(path)) is not None:
+        # A record proves only that nothing changed since it was written: a forged checkpoint with a
+        # recomputed record, or an older size-only record of an edited directory, is caught here.
+        # This is also how the training resume reads a distributed checkpoint's .metadata safely:
+        # Lightning's ModelParallelStrategy loads it with torch's plain-pickle reader through private
+        # helpers that take no reader, so rather than copy or patch them, every candidate is unpickled
+        # here through safe_load's allow-lists right before the CLI hands it to Lightning (checked
+        # bytes = recorded bytes, by the per-file SHA-256 just above).
+        log.warning("Checkpoint %s cannot be loaded safely (%s); skipping it.", path, why)
         return None
     return CheckpointRecord(
         path=path,
@@ -177,6 +277,7 @@ def read_record(path: str | os.PathLike, verify_hash: bool = True) -> Checkpoint
         sha256=data.get("sha256"),
         saved_at=float(data["saved_at"]),
         extra=dict(data.get("extra") or {}),
+        files=files if path.is_dir() and isinstance(files, dict) else None,
     )
 
 
@@ -197,7 +298,11 @@ def candidates(directory: str | os.PathLike, pattern: str = "*") -> list[Path]:
 
 
 def newest_good(directory: str | os.PathLike, pattern: str = "*") -> CheckpointRecord | None:
-    """The newest checkpoint in ``directory`` (by global step, then save time) that verifies."""
+    """The newest checkpoint in ``directory`` (by global step, then save time) that verifies and loads safely.
+
+    A checkpoint that fails (changed, corrupt, or holding code) is skipped with a warning naming it
+    and why, and the next older one is tried.
+    """
     for path in candidates(directory, pattern):
         record = read_record(path)
         if record is not None:

@@ -9,8 +9,10 @@ directory. Object stores have no rename; publication is made safe by *order* ins
 3. the directory's ``latest.json`` pointer naming ``X``, with the same sizes and checksums.
 
 A writer killed at any moment leaves the previous pointer and records intact. A reader starts
-from the pointer, downloads the checkpoint it names, verifies every object, and falls back to
-the newest older record that verifies: a half-uploaded checkpoint is skipped with a warning.
+from the pointer, downloads the checkpoint it names, verifies every object and that it loads
+without running code (``safe_load``: a forged object with a forged record has matching checksums),
+and falls back to the newest older record that verifies: a half-uploaded or forged checkpoint is
+skipped with a warning, and never published locally.
 
 fsspec and its backends (s3fs, gcsfs, adlfs) do the transfers; what is written here is the
 publication order and the verification, which none of them provides. No Lightning import: the
@@ -191,11 +193,13 @@ def _progress(description: str, total: int) -> Iterator[fsspec.callbacks.Callbac
 
 
 def _local_files(path: Path, record: ckpt_store.CheckpointRecord) -> dict[str, dict[str, Any]]:
-    """Size and SHA-256 of each file of a checkpoint: ``{"": ...}`` for one file, relative paths for a directory."""
+    """Size and SHA-256 of each file of a checkpoint: ``{"": ...}`` for one file, relative paths for a directory.
+
+    The local record already holds what was measured when it was written: no second pass over the
+    bytes, except for a directory recorded by older code (total size only).
+    """
     if path.is_dir():
-        return {f.relative_to(path).as_posix(): {"size": f.stat().st_size, "sha256": ckpt_store.file_sha256(f)}
-                for f in sorted(path.rglob("*")) if f.is_file()}
-    # a file's record already holds what its writer measured: no second pass over the bytes
+        return record.files if record.files is not None else ckpt_store.file_digests(path)
     return {"": {"size": record.size, "sha256": record.sha256}}
 
 
@@ -397,7 +401,9 @@ class RemoteCheckpoints:
         files = record["files"]
         if path.is_file() and files.get("", {}).get("sha256") != local.sha256:
             return None
-        if path.is_dir():  # the record of a directory holds its total size only: compare every shard's size
+        if path.is_dir() and local.files is not None:  # verified against its record: the same files?
+            return local if local.files == files else None
+        if path.is_dir():  # a record of older code holds the total size only: compare every shard's size
             for rel, want in files.items():
                 shard = path / rel
                 if not shard.is_file() or shard.stat().st_size != want["size"]:
@@ -437,6 +443,10 @@ class RemoteCheckpoints:
                         log.warning("Checkpoint %s is corrupt: %s fails its size/SHA-256 check; skipping it.",
                                     self.object_url(name), rel or name)
                         return None
+            # checksums prove the objects are what the record says, not that the record is honest
+            if (why := ckpt_store.rejection(tmp)) is not None:
+                log.warning("Checkpoint %s cannot be loaded safely (%s); skipping it.", self.object_url(name), why)
+                return None
             ckpt_store.remove(target)
             os.replace(tmp, target)
             self.last_fetch = (total, time.monotonic() - started)
@@ -450,7 +460,8 @@ class RemoteCheckpoints:
         return ckpt_store.write_record(target, int(record["global_step"]), int(record["epoch"]),
                                        size=single["size"] if single else None,
                                        sha256=single["sha256"] if single else None,
-                                       extra=dict(record.get("extra") or {}))
+                                       extra=dict(record.get("extra") or {}),
+                                       files=None if single else files)  # each one just verified
 
     def fetch_newest_good(self) -> ckpt_store.CheckpointRecord | None:
         """Resume point: the checkpoint the pointer names, else the newest older record that verifies."""

@@ -7,7 +7,11 @@ raw bytes (a byte-level model may emit invalid UTF-8; the terminal shows what it
     python -m recipes.sample --ckpt runs/gpt/<run_name>/checkpoints/<best>.ckpt --prompt "def " \\
         --max-new-bytes 200 --temperature 0.8 --top-k 50 --seed 0
 
-Exit codes: 0 done, 2 bad input (a missing checkpoint, a bad option).
+Exit codes: 0 done, 2 bad input (a missing checkpoint, a bad option, a checkpoint that would run code
+or is not one).
+
+A checkpoint may come from anywhere: nothing in it is run. A file is loaded weights-only; a
+directory's ``.metadata`` and non-tensor items go through ``callbacks.safe_load``'s allow-lists.
 """
 
 from __future__ import annotations
@@ -24,19 +28,22 @@ USAGE_EXIT_CODE = 2
 
 
 def load_gpt(path: Path, map_location: str = "cpu") -> GPT:
-    """A GPT from a Lightning checkpoint file, or from a distributed (FSDP) checkpoint directory."""
-    import torch
+    """A GPT from a Lightning checkpoint file, or from a distributed (FSDP) checkpoint directory.
 
+    Raises:
+        CheckpointRejected: the checkpoint would run code to load, or is not a checkpoint.
+    """
+    from callbacks import safe_load
     from recipes.gpt import GPT
 
     if path.is_file():
+        safe_load.check_file(path)  # one clear error instead of the one from deep inside Lightning
         return GPT.load_from_checkpoint(path, map_location=map_location, weights_only=True)
-    import torch.distributed.checkpoint as dcp
-
-    meta = torch.load(path / "meta.pt", map_location=map_location, weights_only=True)
+    safe_load.check_directory(path)  # every pickled item, also those a GPT does not read (an optimizer's)
+    meta = safe_load.safe_torch_load(path / "meta.pt", path / "meta.pt", map_location=map_location)
     model = GPT(**{k: v for k, v in meta["hyper_parameters"].items() if not k.startswith("_")})
     state = {"state_dict": model.state_dict()}
-    dcp.load(state, checkpoint_id=path, no_dist=True)
+    safe_load.load_distributed(state, path)
     model.load_state_dict(state["state_dict"])
     return model
 
@@ -71,7 +78,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    model = load_gpt(path).to(args.device).eval()
+    from callbacks.safe_load import CheckpointRejected, describe
+
+    try:
+        model = load_gpt(path)
+    except CheckpointRejected as err:
+        print(f"error: --ckpt {args.ckpt} cannot be loaded safely: {describe(err, path)}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    model = model.to(args.device).eval()
     prompt = torch.tensor([list(args.prompt.encode())], dtype=torch.long, device=args.device)
     generator = torch.Generator(device=args.device).manual_seed(args.seed)
     out = model.generate(prompt, args.max_new_bytes, temperature=args.temperature, top_k=args.top_k or None,

@@ -13,11 +13,13 @@ import json
 import logging
 import secrets
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
 import s3fs
 import torch
+import torch.distributed.checkpoint as dcp
 
 from callbacks import ckpt_store, remote_store
 from callbacks.checkpoint_io import AtomicCheckpointIO, mirror_of
@@ -37,6 +39,17 @@ def bucket(moto_s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> str:
     _use(moto_s3, monkeypatch)
     yield moto_s3.make_bucket(f"ckpt-{secrets.token_hex(4)}")
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+def shard_dir(directory: Path, shards: dict[str, bytes]) -> Path:
+    """A distributed checkpoint directory: a real ``.metadata`` (of an empty state, so the shards' bytes are
+    never read and it loads safely) and the given shard files."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming the intent is to save in a single process"
+        dcp.save({}, checkpoint_id=directory, no_dist=True)
+    for name, data in shards.items():
+        (directory / name).write_bytes(data)
+    return directory
 
 
 def save(io: AtomicCheckpointIO, directory: Path, name: str, step: int, run_id: str = "run-1") -> Path:
@@ -123,13 +136,10 @@ def test_sharded_directory_checkpoint_round_trips_and_a_missing_shard_is_skipped
     url = f"s3://{bucket}/fsdp"
     mirror = RemoteCheckpoints(url, tmp_path / "a")
     for step in (5, 9):
-        shard_dir = tmp_path / "a" / f"step={step:08d}.ckpt"
-        for rank in range(2):
-            (shard_dir / f"__{rank}_0.distcp").parent.mkdir(parents=True, exist_ok=True)
-            (shard_dir / f"__{rank}_0.distcp").write_bytes(bytes([rank, step]) * 1000)
-        (shard_dir / ".metadata").write_bytes(b"meta" * step)
-        ckpt_store.write_record(shard_dir, step, 0, extra={"mlflow_run_id": "r"})
-        mirror.publish(shard_dir)
+        shards = shard_dir(tmp_path / "a" / f"step={step:08d}.ckpt",
+                           {f"__{rank}_0.distcp": bytes([rank, step]) * 1000 for rank in range(2)})
+        ckpt_store.write_record(shards, step, 0, extra={"mlflow_run_id": "r"})
+        mirror.publish(shards)
 
     record = RemoteCheckpoints(url, tmp_path / "b").fetch_newest_good()
     assert record is not None and record.global_step == 9 and record.path.is_dir()
@@ -296,12 +306,10 @@ def test_malformed_records_are_ignored_with_a_warning(bucket: str, moto_s3: S3Se
 def test_ranks_of_one_machine_fetching_together_download_once(bucket: str, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"s3://{bucket}/c"
-    shard_dir = tmp_path / "a" / "step=00000002.ckpt"
-    shard_dir.mkdir(parents=True)
-    for rank in range(2):
-        (shard_dir / f"__{rank}_0.distcp").write_bytes(bytes([rank]) * 50_000)
-    ckpt_store.write_record(shard_dir, 2, 0)
-    RemoteCheckpoints(url, tmp_path / "a").publish(shard_dir)
+    shards = shard_dir(tmp_path / "a" / "step=00000002.ckpt",
+                       {f"__{rank}_0.distcp": bytes([rank]) * 50_000 for rank in range(2)})
+    ckpt_store.write_record(shards, 2, 0)
+    RemoteCheckpoints(url, tmp_path / "a").publish(shards)
 
     fetchers = [RemoteCheckpoints(url, tmp_path / "b") for _ in range(2)]
     assert fetchers[0].fs is fetchers[1].fs  # fsspec shares one filesystem instance
@@ -319,9 +327,9 @@ def test_ranks_of_one_machine_fetching_together_download_once(bucket: str, tmp_p
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    assert len(results) == 2 and all(r is not None and r.path == tmp_path / "b" / shard_dir.name for r in results)
-    assert len(downloads) == 2  # two shards, fetched once: the second rank found them staged
-    assert (tmp_path / "b" / shard_dir.name / "__1_0.distcp").read_bytes() == bytes([1]) * 50_000
+    assert len(results) == 2 and all(r is not None and r.path == tmp_path / "b" / shards.name for r in results)
+    assert len(downloads) == 3  # .metadata and two shards, fetched once: the second rank found them staged
+    assert (tmp_path / "b" / shards.name / "__1_0.distcp").read_bytes() == bytes([1]) * 50_000
 
 
 def test_store_outages_during_prune_and_remove_are_logged_not_raised(bucket: str, tmp_path: Path,
@@ -365,12 +373,11 @@ def test_download_progress_counts_every_byte_across_shards(bucket: str, tmp_path
         def update(self, task: int, completed: int) -> None:
             self.completed.append(completed)
 
-    shard_dir = tmp_path / "a" / "step=00000001.ckpt"
-    shard_dir.mkdir(parents=True)
-    (shard_dir / "__0_0.distcp").write_bytes(b"x" * 3000)
-    (shard_dir / "__1_0.distcp").write_bytes(b"y" * 5000)
-    ckpt_store.write_record(shard_dir, 1, 0)
-    RemoteCheckpoints(f"s3://{bucket}/p", tmp_path / "a").publish(shard_dir)
+    shards = shard_dir(tmp_path / "a" / "step=00000001.ckpt",
+                       {"__0_0.distcp": b"x" * 3000, "__1_0.distcp": b"y" * 5000})
+    total = 8000 + (shards / ".metadata").stat().st_size
+    ckpt_store.write_record(shards, 1, 0)
+    RemoteCheckpoints(f"s3://{bucket}/p", tmp_path / "a").publish(shards)
 
     recorder = Recorder()
     monkeypatch.setattr(remote_store, "_progress",
@@ -378,8 +385,8 @@ def test_download_progress_counts_every_byte_across_shards(bucket: str, tmp_path
                             recorder, 0)])))
     remote = RemoteCheckpoints(f"s3://{bucket}/p", tmp_path / "b")
     assert remote.fetch_newest_good() is not None
-    assert recorder.completed[-1] == 8000 and recorder.completed == sorted(recorder.completed)
-    assert remote.last_fetch is not None and remote.last_fetch[0] == 8000
+    assert recorder.completed[-1] == total and recorder.completed == sorted(recorder.completed)
+    assert remote.last_fetch is not None and remote.last_fetch[0] == total
 
 
 def test_checkpoint_state_from_another_machine_is_moved_to_this_directory() -> None:
