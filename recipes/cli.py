@@ -223,22 +223,6 @@ def check_devices(trainer_cfg: Namespace) -> None:
                          f"{cores} CPU cores.")
 
 
-def unloadable(path: Path) -> str | None:
-    """Why ``path`` cannot be loaded as a checkpoint without running code, or ``None`` if it can.
-
-    A file is opened with torch's safe (``weights_only``) unpickler and memory-mapped, so only its
-    small pickle is read; a directory must be a distributed checkpoint.
-    """
-    if path.is_dir():
-        return None if (path / ".metadata").is_file() else "a directory without a distributed checkpoint's .metadata"
-    try:
-        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:
-        first = str(err).strip().splitlines()
-        return f"{type(err).__name__}: {first[0] if first else ''}"[:300]
-    return None
-
-
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     """Nested config -> ``{"a.b.c": "value"}`` for MLflow params."""
     if isinstance(value, Namespace):
@@ -604,7 +588,7 @@ class AtscaleCLI(LightningCLI):
             if local is None:
                 raise UsageError(f"--ckpt_path {ckpt_path} does not match its integrity record (truncated, changed or "
                                  "unreadable; see the warning above); nothing was loaded.")
-        problem = unloadable(path)
+        problem = ckpt_store.rejection(path)  # torch's safe unpickler; an allow-list for distributed metadata
         if problem:
             raise UsageError(f"--ckpt_path {ckpt_path} is not a checkpoint this run can load ({problem}).")
         return str(path), local.extra.get("mlflow_run_id") if local else None
@@ -659,6 +643,7 @@ class AtscaleCLI(LightningCLI):
         ctx = self.context
         logger = self.mlflow_logger()
         monitor = None
+        self._prepare_data()
         if logger is not None and self.trainer.is_global_zero:
             mlflow.set_tracking_uri(ctx.tracking_uri)
             client, run_id = logger.experiment, logger.run_id  # creates the run, or reopens a resumed one
@@ -694,6 +679,22 @@ class AtscaleCLI(LightningCLI):
             # worker threads can still hold tensors and abort the process ("terminate called ...")
             torch.distributed.destroy_process_group()
         return REQUEUE_EXIT_CODE if interrupted else 0
+
+    def _prepare_data(self) -> None:
+        """Download or check the data before any MLflow run exists: missing data is bad input, not a failed run.
+
+        Lightning calls ``prepare_data`` again inside ``fit``; the datamodules make that a no-op once
+        their files are in place.
+        """
+        if launched_by_parent() or int(os.environ.get("LOCAL_RANK", "0")) != 0:
+            return
+        prepare = getattr(self.datamodule, "prepare_data", None)
+        if prepare is None:
+            return
+        try:
+            prepare()
+        except (OSError, RuntimeError) as err:
+            raise UsageError(" ".join(str(err).split()) or repr(err)) from err
 
     @staticmethod
     def _start_system_metrics(run_id: str) -> Any:
@@ -835,8 +836,8 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     except (Interrupted, KeyboardInterrupt, SIGTERMException) as err:
         signum = err.signum if isinstance(err, Interrupted) else (
             signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
-        print(f"interrupted ({signal.Signals(signum).name}) before a checkpoint could be taken: the run stopped; "
-              "relaunch the same command to resume it.", file=sys.stderr)
+        print(f"interrupted ({signal.Signals(signum).name}): the run stopped; relaunch the same command to resume it.",
+              file=sys.stderr)
         return SIGINT_EXIT_CODE if signum == signal.SIGINT else REQUEUE_EXIT_CODE
     except Exception as err:
         disk = _disk_error(err)

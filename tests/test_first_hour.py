@@ -3,13 +3,16 @@ tags to search by, and no warning walls."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, FAST, run_fit, runs_of
+from tests.conftest import CONFIGS, FAST, cli_env, fit_command, run_fit, runs_of
 
 pytestmark = pytest.mark.e2e
 
@@ -88,3 +91,31 @@ def test_a_run_prints_no_warning_wall(finished: tuple[Path, subprocess.Completed
         counts[line] = counts.get(line, 0) + 1
     assert max(counts.values()) <= 2, [k for k, v in counts.items() if v > 2]
     assert len(lines(result.stderr)) <= 6, result.stderr  # the budget: GPU/TPU lines, experiment created, stopped
+
+
+def test_an_offline_download_is_one_line_before_any_mlflow_run(tmp_path: Path) -> None:
+    # every URL goes to a closed port on loopback: a download fails at once, with or without internet
+    env = cli_env(tmp_path, http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
+    result = run_fit(tmp_path, *SHORT, "--experiment", "mnist", "--data", "datamodules.vision.MNISTDataModule",
+                     "--data.init_args.root", "data/", "--model.init_args.in_channels", "1", env=env)
+    assert result.returncode == 2
+    errors = [line for line in lines(result.stderr) if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: MNISTDataModule: downloading MNIST into ")
+    assert "Traceback" not in result.stderr
+    assert runs_of(tmp_path, "mnist") == []
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    proc = subprocess.Popen(fit_command(*SHORT, "--trainer.max_epochs", "50", "--run_name", "c"), cwd=tmp_path,
+                            env=cli_env(tmp_path), start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "runs/digits/c/config.yaml").exists():  # written at setup, before training
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert lines(stderr)[-1] == "interrupted (SIGINT): the run stopped; relaunch the same command to resume it."
+    assert [r.info.status for r in runs_of(tmp_path, "digits")] == ["KILLED"]
