@@ -294,6 +294,7 @@ def sample(ckpt: Path, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.e2e
 def test_sample_refuses_tampered_checkpoints_with_exit_2(tmp_path: Path, marker: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from recipes.sample import load_gpt, main
@@ -396,6 +397,7 @@ def test_atomic_write_reraises_the_oserror_torch_wraps(tmp_path: Path, monkeypat
 
 
 # --------------------------------------------------------------- the real CLI
+@pytest.mark.e2e
 def test_relaunch_after_a_forged_newest_checkpoint_resumes_from_the_previous(tmp_path: Path, marker: Path) -> None:
     """Every checkpoint of the newest step (the spot one and the best one) forged: the run goes on from the
     one before."""
@@ -420,6 +422,7 @@ def test_relaunch_after_a_forged_newest_checkpoint_resumes_from_the_previous(tmp
     assert run.info.run_name == "forged" and run.info.status == "FINISHED"
 
 
+@pytest.mark.e2e
 def test_fsdp_relaunch_after_tampered_metadata_resumes_from_the_previous(tmp_path: Path, marker: Path) -> None:
     """FSDP (2 processes, gloo): ``.metadata`` of every newest checkpoint edited in place, same size; one of
     them under a record of older code (total size only), so the allow-list unpickler is what refuses it."""
