@@ -4,6 +4,8 @@ The catalog is a YAML mapping from instance name to its provider, region, GPU mo
 on-demand and spot prices in USD per instance-hour, and the source and date of those prices
 (``configs/prices.yaml`` ships with the repository). Prices move and differ by region and contract,
 so every row says where it came from, and a caller can point at its own file or override one price.
+A row may also give a typical spot interruption rate (a probability per period, with its source):
+``recipes.plan`` uses it when ``--interruption-rate`` is not given.
 
 Pure module (PyYAML only; no Lightning, no torch).
 
@@ -64,10 +66,16 @@ class Instance:
         spot_usd_per_h: Spot price per instance-hour, USD (>= 0), or None when the catalog has none.
         source: Where the prices come from.
         date: When they were read (``YYYY-MM``).
+        spot_interruption_rate: Typical probability that one spot instance is interrupted per
+            ``spot_interruption_period_h``, in [0, 1); None when the catalog has no figure.
+        spot_interruption_period_h: The period of that rate, hours (> 0; required with a rate).
+        spot_interruption_source: Where the rate comes from, or that it is an assumption (required
+            with a rate).
 
     Raises:
-        ValueError: If a price is missing, negative or not a number, or ``gpus`` is not an integer
-            >= 0; the message names the instance and the field.
+        ValueError: If a price is missing, negative or not a number, ``gpus`` is not an integer >= 0,
+            or an interruption rate is out of range or lacks its period or source; the message names
+            the instance and the field.
     """
 
     name: str
@@ -79,12 +87,27 @@ class Instance:
     spot_usd_per_h: float | None
     source: str
     date: str
+    spot_interruption_rate: float | None = None
+    spot_interruption_period_h: float | None = None
+    spot_interruption_source: str | None = None
 
     def __post_init__(self) -> None:
         _check_price(self.name, "on_demand_usd_per_h", self.on_demand_usd_per_h, required=True)
         _check_price(self.name, "spot_usd_per_h", self.spot_usd_per_h, required=False)
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
             raise ValueError(f"instance {self.name!r}: gpus={self.gpus!r} must be an integer >= 0.")
+        rate, period = self.spot_interruption_rate, self.spot_interruption_period_h
+        if rate is None:
+            return
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+            raise ValueError(f"instance {self.name!r}: spot_interruption_rate={rate!r} must be a probability "
+                             "in [0, 1) per spot_interruption_period_h.")
+        if isinstance(period, bool) or not isinstance(period, (int, float)) or not 0 < period < math.inf:
+            raise ValueError(f"instance {self.name!r}: spot_interruption_period_h={period!r} must be a positive "
+                             "number of hours (the period of spot_interruption_rate).")
+        if not (self.spot_interruption_source or "").strip():
+            raise ValueError(f"instance {self.name!r}: spot_interruption_source is missing: say where the rate "
+                             "comes from, or that it is an assumption.")
 
     @property
     def devices_per_instance(self) -> int:
@@ -108,7 +131,16 @@ def _instance_from_entry(name: str, entry: Any) -> Instance:
         spot_usd_per_h=_check_price(name, "spot_usd_per_h", entry.get("spot_usd_per_h"), False),
         source=str(entry["source"]),
         date=str(entry["date"]),
+        spot_interruption_rate=_as_float(entry.get("spot_interruption_rate")),
+        spot_interruption_period_h=_as_float(entry.get("spot_interruption_period_h")),
+        spot_interruption_source=None if entry.get("spot_interruption_source") is None
+        else str(entry["spot_interruption_source"]).strip(),
     )
+
+
+def _as_float(value: Any) -> Any:
+    """An integer as a float (``24`` -> ``24.0``); anything else as given, for :class:`Instance` to validate."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def load_catalog(path: str | Path | None = None) -> dict[str, Instance]:

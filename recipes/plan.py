@@ -9,11 +9,13 @@ a deadline and the fastest that fits a budget. The model:
   (``--usl-a``/``--usl-b``), so the work takes ``W = steps x step_time / C(N)``;
 * ``ceil(N / GPUs per instance)`` instances (a machine without GPUs counts as one device);
 * on-demand: never interrupted. Spot: each instance is interrupted with probability
-  ``--interruption-rate`` per ``--rate-period-h`` (Poisson), any interruption stops the synchronous job,
-  so its MTBF is ``M = 1 / (instances x -ln(1 - p) / period)``;
+  ``--interruption-rate`` per ``--rate-period-h`` (Poisson; default: the catalog row's typical rate,
+  with its source), any interruption stops the synchronous job, so its MTBF is
+  ``M = 1 / (instances x -ln(1 - p) / period)``;
 * a checkpoint every Daly-optimal interval (save cost ``--save-cost-s``), ``--restart-s`` per restart,
   and the exact expected wall time of Daly's exponential model (see ``callbacks/cost_model.py``);
-  every instance is billed for the whole expected wall time.
+  every instance is billed for the whole expected wall time. A job shorter than that interval needs
+  no periodic checkpoint, and the table says so.
 
 Examples::
 
@@ -66,7 +68,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from callbacks import ckpt_store
 from callbacks.ckpt_interval import daly_interval, mtbf_from_rate
@@ -84,6 +86,7 @@ __all__ = [
     "PlanResult",
     "PlanRow",
     "RunMeasurement",
+    "human_duration",
     "main",
     "measure_run",
     "plan",
@@ -218,6 +221,8 @@ class PlanRow:
         cost_usd: Expected cost, USD.
         interruptions: Expected number of interruptions.
         pareto: True when no other row is at least as cheap and as fast, and strictly one of the two.
+        periodic_checkpoint: True when the job is longer than the checkpoint interval (False: never
+            interrupted, or done before the first periodic checkpoint would be due).
     """
 
     devices: int
@@ -232,6 +237,7 @@ class PlanRow:
     cost_usd: float
     interruptions: float
     pareto: bool = False
+    periodic_checkpoint: bool = False
 
     @property
     def label(self) -> str:
@@ -293,6 +299,7 @@ def _plan_row(inputs: PlanInputs, n: int, market: str, price: float) -> PlanRow:
         wall_h=exp.wall_s / 3600.0,
         cost_usd=exp.cost_usd,
         interruptions=exp.interruptions,
+        periodic_checkpoint=interval_s < work_s,
     )
 
 
@@ -318,6 +325,15 @@ def plan(inputs: PlanInputs) -> PlanResult:
         PlanRow(**{**asdict(r), "pareto": flag}) for r, flag in zip(rows, _pareto_flags(rows), strict=True)
     ]
     result = PlanResult(inputs=inputs, rows=rows, messages=messages)
+    spot = [r for r in rows if math.isfinite(r.interval_min)]
+    short = [r for r in spot if not r.periodic_checkpoint]
+    if short:
+        which = "in any spot row" if len(short) == len(spot) else "for " + ", ".join(r.label for r in short)
+        messages.append(
+            f"no periodic checkpoint needed {which}: the job is shorter than the optimal interval ({short[0].label}: "
+            f"{human_duration(short[0].work_h * 3600)} of work, {human_duration(short[0].interval_min * 60)} between "
+            "checkpoints); the final checkpoint is enough."
+        )
     if not rows:
         result.feasible = False
         result.messages.append("no market has a price for this instance: nothing to plan.")
@@ -333,7 +349,7 @@ def plan(inputs: PlanInputs) -> PlanResult:
             result.feasible = False
             result.messages.append(
                 f"No plan meets the deadline of {inputs.deadline_h:g} h: the fastest achievable expected "
-                f"time is {fastest.wall_h:.2f} h ({fastest.label}, ${fastest.cost_usd:,.2f})."
+                f"time is {human_duration(fastest.wall_h * 3600)} ({fastest.label}, {_usd(fastest.cost_usd)})."
             )
     if inputs.budget_usd is not None:
         ok = [r for r in rows if r.cost_usd <= inputs.budget_usd]
@@ -343,7 +359,7 @@ def plan(inputs: PlanInputs) -> PlanResult:
             result.feasible = False
             result.messages.append(
                 f"No plan fits the budget of ${inputs.budget_usd:,.2f}: the cheapest achievable expected "
-                f"cost is ${cheapest.cost_usd:,.2f} ({cheapest.label}, {cheapest.wall_h:.2f} h)."
+                f"cost is {_usd(cheapest.cost_usd)} ({cheapest.label}, {human_duration(cheapest.wall_h * 3600)})."
             )
     return result
 
@@ -384,72 +400,134 @@ def to_json(result: PlanResult) -> dict:
     }
 
 
-def _fmt(x: float, spec: str) -> str:
-    return format(x, spec) if math.isfinite(x) else "-"
+def human_duration(seconds: float) -> str:
+    """A duration in the unit that fits it: ``"0.046 s"``, ``"22 s"``, ``"34 min"``, ``"8.59 h"``, ``"11.6 d"``.
+
+    Args:
+        seconds: The duration (>= 0; ``inf`` or ``nan`` print as ``"-"``).
+
+    Returns:
+        Two or three significant digits and a unit: s below a minute, min below an hour, h below two
+        days, else d.
+    """
+    if not math.isfinite(seconds):
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.2g} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        minutes = seconds / 60
+        return f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min"
+    if seconds < 48 * 3600:
+        hours = seconds / 3600
+        return f"{hours:.2f} h" if hours < 10 else f"{hours:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _money(x: float) -> str:
+    """USD with cents, or two significant digits below a cent (``0.00028``): a small cost is not ``0.00``."""
+    if not math.isfinite(x):
+        return "-"
+    return f"{x:.2g}" if 0 < x < 0.01 else f"{x:,.2f}"
+
+
+def _usd(x: float) -> str:
+    return "$" + _money(x)
+
+
+def _count(x: float) -> str:
+    return "0" if x == 0 else "<0.01" if x < 0.005 else f"{x:.2f}"
+
+
+def _console() -> Any:
+    """A rich console as wide as the terminal, or ``COLUMNS``; 160 columns when piped without ``COLUMNS``."""
+    from rich.console import Console
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
+        return Console()
+    return Console(width=160)
+
+
+#: Columns left out, in this order, when the table would not fit the console (N, market, wall, cost, pick stay).
+_DROP_FIRST = ("inst.", "speedup", "interr.", "work", "ckpt every")
+#: The picks in words, and as the table's pick column marks them.
+PICK_NAMES = {"cheapest": ("cheapest", "cheapest"), "fastest": ("fastest", "fastest"),
+              "cheapest_within_deadline": ("cheapest within {deadline}", "deadline"),
+              "fastest_within_budget": ("fastest within {budget}", "budget")}
 
 
 def print_table(result: PlanResult) -> None:
-    """Print the plan as a rich table with the picks marked, then the messages.
+    """Print the plan as a rich table with the picks marked, the picks in words, then the messages.
+
+    Times carry their unit (:func:`human_duration`). The table fits the console: 100 columns show every
+    column but the MTBF (in ``--json``); narrower ones leave out the least needed, and say which.
 
     Args:
         result: From :func:`plan`.
     """
-    from rich.console import Console
     from rich.markup import escape
+    from rich.measure import Measurement
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)
+    console = _console()
     inp = result.inputs
     inst = inp.instance
     spot = "n/a" if inst.spot_usd_per_h is None else f"${inst.spot_usd_per_h:g}/h"
     title = (
-        f"{inp.steps:,} steps x {inp.step_time_s:g} s on {inst.name} ({inst.gpus}x {inst.gpu or 'CPU'}), "
+        f"{inp.steps:,} steps x {human_duration(inp.step_time_s)} on {inst.name} ({inst.gpus}x {inst.gpu or 'CPU'}), "
         f"{inp.scaling_law}"
     )
     caption = (
-        f"on-demand ${inst.on_demand_usd_per_h:g}/h, spot {spot} per instance ({inst.source}, {inst.date}); "
-        f"spot interruptions {inp.interruption_rate:g} per {inp.rate_period_s / 3600:g} h per instance; "
-        f"save {inp.save_cost_s:g} s, restart {inp.restart_s:g} s. * = Pareto front."
+        f"wall, cost and interr(uptions) are expected values. On-demand ${inst.on_demand_usd_per_h:g}/h, spot {spot} "
+        f"per instance ({inst.source}, {inst.date}); spot interruptions {inp.interruption_rate:g} per "
+        f"{inp.rate_period_s / 3600:g} h per instance; save {inp.save_cost_s:g} s, restart {inp.restart_s:g} s. "
+        "* = Pareto front."
     )
-    table = Table(title=title, caption=caption)
-    for name in (
-        "N",
-        "market",
-        "inst.",
-        "speedup",
-        "work h",
-        "MTBF h",
-        "ckpt every",
-        "E[wall] h",
-        "E[cost] $",
-        "E[interr.]",
-        "pick",
-    ):
-        table.add_column(escape(name), justify="left" if name in ("market", "pick") else "right")
     marks: dict[int, list[str]] = {}
     for key, row in result.picks.items():
         if row is not None:
-            marks.setdefault(id(row), []).append(key.replace("_", " "))
+            marks.setdefault(id(row), []).append(PICK_NAMES[key][1])
+    cells = []
     for r in result.rows:
-        interval = "-" if not math.isfinite(r.interval_min) else f"{r.interval_min:.1f} min"
-        table.add_row(
-            str(r.devices),
-            r.market,
-            str(r.instances),
-            f"{r.speedup:.2f}",
-            f"{r.work_h:.2f}",
-            _fmt(r.mtbf_h, ".2f"),
-            interval,
-            _fmt(r.wall_h, ".2f"),
-            _fmt(r.cost_usd, ",.2f"),
-            f"{r.interruptions:.2f}",
-            ("* " if r.pareto else "") + ", ".join(marks.get(id(r), [])),
-        )
+        interval = "-" if not math.isfinite(r.interval_min) else (
+            human_duration(r.interval_min * 60) if r.periodic_checkpoint else "not needed")
+        cells.append({
+            "N": str(r.devices), "market": r.market, "inst.": str(r.instances), "speedup": f"{r.speedup:.2f}",
+            "work": human_duration(r.work_h * 3600), "ckpt every": interval, "wall": human_duration(r.wall_h * 3600),
+            "cost $": _money(r.cost_usd), "interr.": _count(r.interruptions),
+            "pick": ("* " if r.pareto else "") + ", ".join(marks.get(id(r), [])),
+        })
+
+    def build(names: list[str], note: str) -> Table:
+        table = Table(title=title, caption=caption + note)
+        for name in names:
+            table.add_column(escape(name), justify="left" if name in ("market", "pick") else "right",
+                             no_wrap=name not in ("ckpt every", "pick"), min_width=6 if name == "pick" else None)
+        for row in cells:
+            table.add_row(*(row[name] for name in names))
+        return table
+
+    names = list(cells[0]) if cells else ["N", "market", "wall", "cost $", "pick"]
+    dropped: list[str] = []
+    table = build(names, "")
+    while Measurement.get(console, console.options.update_width(10_000), table).minimum > console.width:
+        name = next((n for n in _DROP_FIRST if n in names), None)
+        if name is None:
+            break
+        names.remove(name)
+        dropped.append(name)
+        table = build(names, f" Not shown at {console.width} columns: {', '.join(dropped)} (see --json).")
     console.print(table)
+    limits = {"deadline": f"{inp.deadline_h:g} h" if inp.deadline_h is not None else "",
+              "budget": _usd(inp.budget_usd) if inp.budget_usd is not None else ""}
+    picked = [(PICK_NAMES[key][0].format(**limits) + ":", row) for key, row in result.picks.items() if row]
+    width = max((len(name) for name, _ in picked), default=0)
+    for name, row in picked:
+        console.print(f"{name:<{width}} {row.label}, {human_duration(row.wall_h * 3600)}, {_usd(row.cost_usd)}",
+                      markup=False, highlight=False)
     for message in result.messages:
-        console.print(message, markup=False)
+        console.print(message, markup=False, highlight=False)
 
 
 def write_plot(result: PlanResult, path: str | Path) -> Path:
@@ -534,6 +612,9 @@ class RunMeasurement:
         steps: The run's total optimizer steps.
         steps_source: Where ``steps`` comes from.
         serial_fraction: The run's own ``amdahl/serial_fraction``, or None when it logged none.
+        measured_device: What measured the step time: ``"CPU"``, the GPU model(s) in ``manifest.json``,
+            or None when unknown.
+        device_source: Where ``measured_device`` comes from.
     """
 
     run_id: str
@@ -545,6 +626,8 @@ class RunMeasurement:
     steps: int
     steps_source: str
     serial_fraction: float | None
+    measured_device: str | None = None
+    device_source: str = "no manifest.json"
 
 
 def _tracking_client() -> tuple[MlflowClient, str]:
@@ -597,8 +680,7 @@ def _manifest(client: MlflowClient, run: Run, run_dir: Path | None) -> dict | No
         return None
 
 
-def _world_size(client: MlflowClient, run: Run, run_dir: Path | None) -> tuple[int, str]:
-    manifest = _manifest(client, run, run_dir)
+def _world_size(manifest: dict | None, run: Run) -> tuple[int, str]:
     if manifest and isinstance(manifest.get("world_size"), int) and manifest["world_size"] >= 1:
         return manifest["world_size"], "manifest.json"
     params = run.data.params
@@ -606,6 +688,47 @@ def _world_size(client: MlflowClient, run: Run, run_dir: Path | None) -> tuple[i
     if devices.isdigit() and nodes.isdigit() and int(devices) >= 1:
         return int(devices) * int(nodes), "params trainer.devices x trainer.num_nodes"
     return 1, f"assumed: no manifest.json and trainer.devices={devices or None!r}"
+
+
+def _measured_device(manifest: dict | None, run: Run) -> tuple[str | None, str]:
+    """``("CPU" | GPU model(s) | None, where that comes from)``: the manifest's GPUs, unless the run chose the CPU."""
+    if run.data.params.get("trainer.accelerator") == "cpu":
+        return "CPU", "params trainer.accelerator=cpu"
+    gpus = manifest.get("gpus") if manifest else None
+    if not isinstance(gpus, list):
+        return None, "no manifest.json" if manifest is None else "manifest.json names no devices"
+    if not gpus:
+        return "CPU", "manifest.json lists no GPU"
+    return " + ".join(dict.fromkeys(map(str, gpus))), "manifest.json"
+
+
+def device_caveat(device: str | None, device_source: str, instance: Instance) -> str | None:
+    """Why a step time measured on ``device`` may not hold on ``instance``, or None when they match.
+
+    Args:
+        device: ``"CPU"``, a GPU model as ``torch.cuda.get_device_name`` gives it, or None (unknown).
+        device_source: Where ``device`` comes from, for the reader.
+        instance: The catalog row the plan prices.
+
+    Returns:
+        One sentence, or None when the run measured on the instance's kind of device (a CPU for a
+        machine without GPUs; a GPU whose name contains the catalog's model, e.g. ``H100``).
+    """
+    target = instance.gpu or "CPU"
+    if device is not None:
+        if instance.gpu is None and device == "CPU":
+            return None
+        model = (instance.gpu or "").split()[0].lower() if instance.gpu else None
+        if model and device != "CPU" and model in device.lower():
+            return None
+    measured = device or "an unknown device"
+    kind = "device" if device is None else "CPU" if device == "CPU" else "GPU"
+    return (f"step time measured on {measured} ({device_source}), priced as {instance.name} ({instance.gpus}x "
+            f"{target}): the rows assume one {target} steps as fast as that {kind} did. Measure on the target "
+            "device, or pass --step-time.") if instance.gpu else (
+            f"step time measured on {measured} ({device_source}), priced as {instance.name} (no GPU): the rows "
+            f"assume that machine steps as fast as that {kind} did. Measure on the target device, or pass "
+            "--step-time.")
 
 
 def measure_run(client: MlflowClient, run: Run, run_dir: Path | None = None) -> RunMeasurement:
@@ -648,12 +771,15 @@ def measure_run(client: MlflowClient, run: Run, run_dir: Path | None = None) -> 
         measured, source = wall / steps, f"wall duration {wall:g} s / {steps} steps (MLflow run start to end)"
     if not measured > 0:
         raise ValueError(f"run {run_id}: measured step time {measured!r} s is not positive: give --step-time.")
-    world, world_source = _world_size(client, run, run_dir)
+    manifest = _manifest(client, run, run_dir)
+    world, world_source = _world_size(manifest, run)
+    device, device_source = _measured_device(manifest, run)
     serial = metrics.get(SERIAL_KEY)
     return RunMeasurement(run_id=run_id, run_dir=None if run_dir is None else str(run_dir),
                           measured_step_s=float(measured), step_time_source=source, world_size=world,
                           world_size_source=world_source, steps=int(steps), steps_source=steps_source,
-                          serial_fraction=None if serial is None else float(serial))
+                          serial_fraction=None if serial is None else float(serial), measured_device=device,
+                          device_source=device_source)
 
 
 def _resolve_run(client: MlflowClient, ref: str, uri: str) -> tuple[Run, Path | None]:
@@ -713,10 +839,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--interruption-rate",
         type=float,
-        required=True,
-        help="probability that one spot instance is interrupted per period, in [0, 1)",
+        help="probability that one spot instance is interrupted per period, in [0, 1) (default: the catalog "
+        "row's typical rate and period, with its source)",
     )
-    p.add_argument("--rate-period-h", type=float, default=1.0, help="period of that rate, hours (default 1)")
+    p.add_argument("--rate-period-h", type=float,
+                   help="period of --interruption-rate, hours (default 1 with --interruption-rate)")
     p.add_argument(
         "--save-cost-s", type=float, default=30.0, help="seconds to write a checkpoint (default 30)"
     )
@@ -757,12 +884,31 @@ def _explicit_law(args: argparse.Namespace) -> dict[str, float] | None:
     return law or None
 
 
-def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None]:
-    """The plan's inputs, and (with ``--run``) where the measured ones come from."""
+def _interruption(args: argparse.Namespace, instance: Instance) -> tuple[float, float, str]:
+    """``(rate, period in hours, where it comes from)``: the user's, else the catalog row's typical rate."""
+    if args.interruption_rate is not None:
+        period_h = 1.0 if args.rate_period_h is None else args.rate_period_h
+        if not period_h > 0:
+            raise ValueError(f"--rate-period-h {args.rate_period_h!r} must be a positive number of hours.")
+        return args.interruption_rate, period_h, "--interruption-rate"
+    if args.rate_period_h is not None:
+        raise ValueError(f"--rate-period-h {args.rate_period_h:g} is the period of --interruption-rate: give both, "
+                         "or neither for the catalog's typical rate.")
+    if instance.spot_interruption_rate is not None:
+        return (instance.spot_interruption_rate, instance.spot_interruption_period_h,
+                f"catalog default for {instance.name} spot: {instance.spot_interruption_source}")
+    if instance.spot_usd_per_h is None:
+        return 0.0, 1.0, f"unused: the catalog has no spot price for {instance.name!r}"
+    raise ValueError(f"--interruption-rate is required: the catalog has no spot interruption rate for "
+                     f"{instance.name!r} (give its row spot_interruption_rate, spot_interruption_period_h and "
+                     "spot_interruption_source, or pass --interruption-rate P [--rate-period-h H]).")
+
+
+def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None, str]:
+    """The plan's inputs, (with ``--run``) where the measured ones come from, and where the interruption rate does."""
     catalog = load_catalog(args.catalog)
     instance = with_overrides(get_instance(catalog, args.instance), args.price_on_demand, args.price_spot)
-    if args.rate_period_h is None or not args.rate_period_h > 0:
-        raise ValueError(f"--rate-period-h {args.rate_period_h!r} must be a positive number of hours.")
+    rate, period_h, rate_source = _interruption(args, instance)
     law = _explicit_law(args)
     law_source = "command line" if law else None
     source = None
@@ -784,9 +930,12 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
         source = asdict(measured)
         source["run_serial_fraction"] = source.pop("serial_fraction")  # what the run measured, used or not
         source.update(speedup_at_world_size=speedup, scaling_law_source=law_source)
+        caveat = device_caveat(measured.measured_device, measured.device_source, instance)
+        source["caveats"] = []
         if step_time is None:
             step_time = measured.measured_step_s * speedup  # one device's step: C(W) times longer
             source["step_time_source"] = measured.step_time_source
+            source["caveats"] += [caveat] if caveat else []
         else:
             source["step_time_source"] = "--step-time"
         if steps is None:
@@ -805,15 +954,15 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
         serial_fraction=law.get("serial_fraction"),
         usl_a=law.get("usl_a"),
         usl_b=law.get("usl_b"),
-        interruption_rate=args.interruption_rate,
-        rate_period_s=args.rate_period_h * 3600.0,
+        interruption_rate=rate,
+        rate_period_s=period_h * 3600.0,
         save_cost_s=args.save_cost_s,
         restart_s=args.restart_s,
         devices=_parse_devices(args.devices),
         deadline_h=args.deadline_h,
         budget_usd=args.budget_usd,
     )
-    return inputs, source
+    return inputs, source, rate_source
 
 
 def _print_source(source: dict) -> None:
@@ -826,6 +975,8 @@ def _print_source(source: dict) -> None:
           f"{per_device} [{source['step_time_source']}]")
     print(f"  steps      {source['steps']:,} [{source['steps_source']}]")
     print(f"  scaling    {source['scaling_law_source']}")
+    for caveat in source["caveats"]:
+        print(f"caveat: {caveat}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -839,7 +990,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     try:
-        inputs, source = _inputs_from_args(args)
+        inputs, source, rate_source = _inputs_from_args(args)
     except (KeyError, ValueError, FileNotFoundError) as err:
         message = err.args[0] if err.args else str(err)
         print(f"error: {message}", file=sys.stderr)
@@ -847,12 +998,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = plan(inputs)
     if args.json:
         out = to_json(result)
+        out["interruption_rate_source"] = rate_source
         if source is not None:
             out["run"] = source
         print(json.dumps(out, indent=2))
     else:
         if source is not None:
             _print_source(source)
+        if rate_source.startswith("catalog default"):
+            _console().print(f"interruption rate {inputs.interruption_rate:g} per {inputs.rate_period_s / 3600:g} h "
+                             f"({rate_source}; pass --interruption-rate to override)", markup=False, highlight=False)
         print_table(result)
     if args.plot:
         written = write_plot(result, args.plot)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -132,7 +133,7 @@ def test_deadline_infeasible_exits_1_with_message(capsys):
     out = capsys.readouterr().out
     assert code == 1
     assert "No plan meets the deadline of 0.1 h" in out
-    assert "fastest achievable expected time is 0.13 h (N=64 on_demand" in out
+    assert "fastest achievable expected time is 7.8 min (N=64 on_demand" in out  # 468.75 s
 
 
 def test_budget_infeasible_exits_1(capsys):
@@ -147,10 +148,13 @@ def test_budget_infeasible_exits_1(capsys):
 
 def test_real_cli_exit_code_and_table():
     cmd = [sys.executable, "-m", "recipes.plan", *BASE, "--serial-fraction", "0.05", "--deadline-h", "0.1"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "COLUMNS": "100"}  # pytest's own COLUMNS would reach the child
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 1, proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 100 and "…" not in proc.stdout
     assert "No plan meets the deadline of 0.1 h" in proc.stdout
-    assert "E[wall] h" in proc.stdout and "a3-highgpu-1g" in proc.stdout
+    assert "ckpt every" in proc.stdout and "a3-highgpu-1g" in proc.stdout
+    assert "fastest:  N=64 on_demand, 32 min, $382.49" in proc.stdout
 
 
 def test_plot_writes_png(tmp_path, capsys):
@@ -238,3 +242,78 @@ def test_explicit_mode_needs_step_time_and_steps(capsys, drop, named):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert named in err and "--run RUN_ID_OR_RUN_DIR" in err
+
+
+def test_human_duration_picks_a_unit_that_fits():
+    from recipes.plan import human_duration
+
+    cases = [(0.0, "0 s"), (0.0463, "0.046 s"), (2.5, "2.5 s"), (22.4, "22 s"), (90, "1.5 min"),
+             (2032.14, "34 min"), (3750, "1.04 h"), (30918.4, "8.59 h"), (70184.6, "19.5 h"),
+             (1_000_000, "11.6 d"), (math.inf, "-")]
+    assert [(s, human_duration(s)) for s, _ in cases] == cases
+
+
+def _folded(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_interruption_rate_defaults_to_the_catalogs_with_its_source(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    argv = ["--step-time", "3", "--steps", "10000", "--serial-fraction", "0.05", "--instance", "a3-highgpu-1g"]
+    code, out = _json(capsys, [*argv, "--json"])
+    assert code == 0
+    assert (out["inputs"]["interruption_rate"], out["inputs"]["rate_period_s"]) == (0.15, 86400.0)
+    source = load_catalog()["a3-highgpu-1g"].spot_interruption_source
+    assert out["interruption_rate_source"] == f"catalog default for a3-highgpu-1g spot: {source}"
+    m = 24 * 3600 / -math.log(1 - 0.15)  # one instance's MTBF: 147.7 h
+    assert next(r for r in out["rows"] if r["market"] == "spot")["mtbf_h"] == pytest.approx(m / 3600, rel=1e-12)
+    assert main(argv) == 0
+    text = _folded(capsys.readouterr().out)
+    assert text.startswith(f"interruption rate 0.15 per 24 h (catalog default for a3-highgpu-1g spot: {source}; "
+                           "pass --interruption-rate to override)")
+    # the user's rate wins, and is not announced as a default
+    code, out = _json(capsys, [*argv, "--interruption-rate", "0.05", "--json"])
+    assert (out["inputs"]["interruption_rate"], out["inputs"]["rate_period_s"]) == (0.05, 3600.0)
+    assert out["interruption_rate_source"] == "--interruption-rate"
+    assert main([*argv, "--interruption-rate", "0.05"]) == 0
+    assert "catalog default" not in capsys.readouterr().out
+
+
+def test_a_catalog_without_a_rate_asks_for_one_only_when_spot_is_priced(tmp_path, capsys):
+    catalog = tmp_path / "mine.yaml"
+    row = "  provider: lab\n  gpu: L4\n  gpus: 1\n  on_demand_usd_per_h: 1.0\n  source: invoice\n  date: '2025-05'\n"
+    catalog.write_text(f"box:\n{row}  spot_usd_per_h: 0.4\nnospot:\n{row}")
+    argv = ["--step-time", "1", "--steps", "100", "--serial-fraction", "0", "--catalog", str(catalog)]
+    assert main([*argv, "--instance", "box"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --interruption-rate is required: the catalog has no spot interruption rate for 'box' (give its row "
+        "spot_interruption_rate, spot_interruption_period_h and spot_interruption_source, or pass "
+        "--interruption-rate P [--rate-period-h H]).")
+    code, out = _json(capsys, [*argv, "--instance", "nospot", "--json"])  # no spot price: no spot rows, no rate
+    assert code == 0 and [r["market"] for r in out["rows"]] == ["on_demand"] * 7
+    assert out["interruption_rate_source"] == "unused: the catalog has no spot price for 'nospot'"
+    assert main([*argv, "--instance", "box", "--rate-period-h", "24"]) == 2
+    assert "--rate-period-h 24 is the period of --interruption-rate: give both" in capsys.readouterr().err
+
+
+def test_a_tiny_job_in_units_that_fit_and_no_periodic_checkpoint(capsys, monkeypatch):
+    """5 steps of 46 ms: the old table said 0.00 h everywhere and 'ckpt every 33.9 min' for a 0.23 s job."""
+    monkeypatch.setenv("COLUMNS", "100")
+    argv = ["--step-time", "0.0463", "--steps", "5", "--serial-fraction", "0.7", "--instance", "a3-highgpu-1g",
+            "--interruption-rate", "0.05", "--devices", "1,2"]
+    code, out = _json(capsys, [*argv, "--json"])
+    assert code == 0
+    spot1 = next(r for r in out["rows"] if (r["devices"], r["market"]) == (1, "spot"))
+    assert spot1["interval_min"] == pytest.approx(33.87, abs=0.01)  # Daly's optimum, still reported
+    assert [r["periodic_checkpoint"] for r in out["rows"]] == [False, False, False, False]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    lines = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    assert lines[0] == ["1", "on_demand", "1", "1.00", "0.23 s", "-", "0.23 s", "0.00071", "0", ""]
+    assert lines[1] == ["1", "spot", "1", "1.00", "0.23 s", "not needed", "0.23 s", "0.00028", "<0.01",
+                        "* cheapest"]
+    assert "cheapest: N=1 spot, 0.23 s, $0.00028" in out
+    assert "0.00 h" not in out and "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert ("no periodic checkpoint needed in any spot row: the job is shorter than the optimal interval (N=1 spot: "
+            "0.23 s of work, 34 min between checkpoints); the final checkpoint is enough.") in _folded(out)

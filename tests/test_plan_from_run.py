@@ -190,6 +190,9 @@ def test_from_a_real_digits_run_with_cost_tracking(tmp_path, monkeypatch, capsys
     assert (out["run"]["steps"], out["run"]["world_size"], out["run"]["world_size_source"]) == (
         steps, 1, "manifest.json")
     assert (out["inputs"]["step_time_s"], out["inputs"]["steps"]) == (step_s, steps)
+    assert out["run"]["measured_device"] == "CPU"  # priced as an H100: said so
+    assert out["run"]["caveats"][0].startswith("step time measured on CPU (manifest.json lists no GPU), priced as "
+                                               "a3-highgpu-1g (1x H100 80GB)")
     work = steps * step_s
     assert _row(out, 1, "on_demand")["cost_usd"] == pytest.approx(work / 3600 * 11.06, rel=1e-12)
     c8 = 1 / (0.1 + 0.9 / 8)  # 4.7059
@@ -207,3 +210,48 @@ def test_from_a_real_digits_run_with_cost_tracking(tmp_path, monkeypatch, capsys
     assert (by_dir["run"]["run_id"], by_dir["run"]["step_time_s"]) == (run.info.run_id, step_s)
     assert by_dir["run"]["steps_source"] == "furthest step the run logged and checkpoint"
     assert by_dir["rows"] == out["rows"]
+
+
+def _with_manifest(client: mlflow.MlflowClient, run_id: str, **manifest: Any) -> str:
+    """Log ``manifest.json`` (these keys) as the run's artifact, where the CLI's Manifest callback puts it."""
+    artifacts = Path(client.get_run(run_id).info.artifact_uri.removeprefix("file://"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    (artifacts / "manifest.json").write_text(json.dumps(manifest))
+    return run_id
+
+
+CPU_CAVEAT = ("caveat: step time measured on CPU (manifest.json lists no GPU), priced as a3-highgpu-1g "
+              "(1x H100 80GB): the rows assume one H100 80GB steps as fast as that CPU did. Measure on the target "
+              "device, or pass --step-time.")
+
+
+@pytest.mark.parametrize(("manifest", "params", "caveat"), [
+    ({"world_size": 1, "gpus": []}, {}, CPU_CAVEAT),
+    ({"world_size": 1, "gpus": ["NVIDIA H100 80GB HBM3"]}, {}, None),
+    ({"world_size": 1, "gpus": ["NVIDIA H100 80GB HBM3"]}, {"trainer.accelerator": "cpu"},
+     "caveat: step time measured on CPU (params trainer.accelerator=cpu), priced as a3-highgpu-1g (1x H100 80GB): "
+     "the rows assume one H100 80GB steps as fast as that CPU did. Measure on the target device, or pass --step-time."),
+    ({"world_size": 1, "gpus": ["NVIDIA A100-SXM4-40GB"]}, {},
+     "caveat: step time measured on NVIDIA A100-SXM4-40GB (manifest.json), priced as a3-highgpu-1g (1x H100 80GB): "
+     "the rows assume one H100 80GB steps as fast as that GPU did. Measure on the target device, or pass --step-time."),
+    (None, {}, "caveat: step time measured on an unknown device (no manifest.json), priced as a3-highgpu-1g "
+               "(1x H100 80GB): the rows assume one H100 80GB steps as fast as that device did. Measure on the "
+               "target device, or pass --step-time."),
+])
+def test_a_step_time_measured_elsewhere_is_priced_with_a_caveat(tmp_path, store, capsys, monkeypatch, manifest,
+                                                                 params, caveat) -> None:
+    """A CPU run priced as H100 time said nothing: now one line says what was measured where."""
+    monkeypatch.setenv("COLUMNS", "200")
+    run_id = _run(store, tmp_path, {"train/loss": LOSS, "time/mean/step_s": [(100, 0.05)]}, params=params)
+    if manifest is not None:
+        _with_manifest(store, run_id, **manifest)
+    code, out = _plan(capsys, "--run", run_id, "--serial-fraction", "0.1", "--devices", "1", *ARGS)
+    assert code == 0
+    assert out["run"]["caveats"] == ([] if caveat is None else [caveat.removeprefix("caveat: ")])
+    assert main(["--run", run_id, "--serial-fraction", "0.1", "--devices", "1", *ARGS[:-1]]) == 0
+    text = capsys.readouterr().out
+    assert (caveat in text) if caveat else ("caveat" not in text)
+    # the user's own step time is not a measurement of this run: nothing to warn about
+    code, out = _plan(capsys, "--run", run_id, "--serial-fraction", "0.1", "--step-time", "0.01", "--devices", "1",
+                      *ARGS)
+    assert out["run"]["caveats"] == []

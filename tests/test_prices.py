@@ -42,6 +42,28 @@ def test_default_catalog_has_every_entry_with_source_and_date():
     assert "on-demand only" in catalog["p5.48xlarge"].source
 
 
+# name: (spot interruption rate, per hours, words its source must contain)
+INTERRUPTION = {
+    "a2-highgpu-1g": (0.15, 24.0, "5-15% per day per project"),
+    "a3-highgpu-1g": (0.15, 24.0, "5-15% per day per project"),
+    "a3-highgpu-8g": (0.15, 24.0, "5-15% per day per project"),
+    "p4d.24xlarge": (0.2, 720.0, "assumption"),
+    "p5.48xlarge": (0.2, 720.0, "assumption"),
+    "cpu-local": (0.0, 1.0, "your own machine"),
+}
+
+
+def test_default_catalog_has_a_sourced_spot_interruption_rate_per_row():
+    catalog = load_catalog()
+    assert set(INTERRUPTION) == set(EXPECTED)
+    for name, (rate, period_h, words) in INTERRUPTION.items():
+        inst = catalog[name]
+        assert (inst.spot_interruption_rate, inst.spot_interruption_period_h) == (rate, period_h), name
+        assert words in inst.spot_interruption_source, name
+    assert "Spot Instance Advisor" in catalog["p5.48xlarge"].spot_interruption_source
+    assert "preemptible" in catalog["a3-highgpu-1g"].spot_interruption_source
+
+
 def test_price_for_markets():
     catalog = load_catalog()
     assert price_for(catalog["a3-highgpu-1g"], "on_demand") == 11.06
@@ -96,6 +118,7 @@ def test_user_catalog(tmp_path):
     assert catalog == {
         "mybox": Instance("mybox", "lab", "", "L4", 2, 1.5, 0.5, "invoice", "2025-05"),
     }
+    assert catalog["mybox"].spot_interruption_rate is None  # optional: recipes.plan then asks for one
     assert load_catalog(str(path)) == catalog
 
 
@@ -106,6 +129,12 @@ def test_user_catalog(tmp_path):
         ("  spot_usd_per_h: 1.0\n", r"'box'.*on_demand_usd_per_h is missing"),
         ("  on_demand_usd_per_h: 2.0\n  spot_usd_per_h: -0.5\n", r"'box'.*spot_usd_per_h=-0\.5"),
         ("  on_demand_usd_per_h: cheap\n", r"'box'.*on_demand_usd_per_h='cheap' is not a number"),
+        ("  on_demand_usd_per_h: 2.0\n  spot_interruption_rate: 1.5\n  spot_interruption_period_h: 1\n"
+         "  spot_interruption_source: s\n", r"'box'.*spot_interruption_rate=1\.5 must be a probability in \[0, 1\)"),
+        ("  on_demand_usd_per_h: 2.0\n  spot_interruption_rate: 0.1\n  spot_interruption_source: s\n",
+         r"'box'.*spot_interruption_period_h=None must be a positive number of hours"),
+        ("  on_demand_usd_per_h: 2.0\n  spot_interruption_rate: 0.1\n  spot_interruption_period_h: 24\n",
+         r"'box'.*spot_interruption_source is missing: say where the rate comes from"),
     ],
 )
 def test_invalid_rows_name_instance_and_field(tmp_path, body, named):
