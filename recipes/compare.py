@@ -1,12 +1,16 @@
 """Compare the runs of an MLflow experiment: what differs between them, and what each reached.
 
-One row per run, best first by ``--metric``: the config values that differ between the runs (the
-flattened params the CLI logs), the final metrics, the baselines and the lift over the linear one,
-the wall time, and the cost where the run logged ``cost/usd``.
+One row per run, best first by ``--metric``: its name and status, the final metrics, the baselines
+and the lift over the linear one, the wall time, and the cost where the run logged ``cost/usd``; and
+the config values that differ among the runs shown (the flattened params the CLI logs; a run that
+logged none, say one that crashed at start, makes no param differ). The table fits the terminal:
+the params are columns when they fit, else one row per param and one column per run. FAILED and
+KILLED runs are left out, and counted, unless ``--all``.
 
 Examples::
 
     python -m recipes.compare --experiment digits
+    python -m recipes.compare --experiment digits --all          # FAILED and KILLED runs too
     python -m recipes.compare --experiment digits --metric val/loss --plot compare.png
     python -m recipes.compare --experiment digits --json > runs.json
 
@@ -31,13 +35,16 @@ from mlflow.entities import Run, ViewType
 
 from recipes.cli import DEFAULT_TRACKING_URI, USAGE_EXIT_CODE, UsageError, check_tracking_server
 
-__all__ = ["RunRow", "compare", "differing_params", "main", "print_table", "short_key", "write_plot"]
+__all__ = ["Comparison", "RunRow", "compare", "compare_figure", "differing_params", "main", "print_table",
+           "short_key", "write_plot"]
 
 LINEAR = "baseline/linear_acc"
 MAJORITY = "baseline/majority_acc"
 COST = "cost/usd"
 #: Params that differ between any two runs by construction (the run's own name and directories).
 PER_RUN_PARAMS = frozenset({"run_name", "checkpoint.dirpath", "spot.dirpath", "ckpt_path", "fresh"})
+#: Runs left out unless ``--all``: they ended without a result.
+HIDDEN_STATUSES = ("FAILED", "KILLED")
 _LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse")
 
 
@@ -53,6 +60,7 @@ class RunRow:
         duration_s: end minus start (now minus start while running), seconds.
         params: the run's values of the differing params (``None``: not logged by this run).
         metrics: final value of every metric except system metrics.
+        logged_params: whether the run logged any param (a run that failed at start did not).
     """
 
     run_id: str
@@ -62,6 +70,7 @@ class RunRow:
     duration_s: float
     params: dict[str, str | None] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    logged_params: bool = True
 
     def lift(self, metric: str) -> float | None:
         """``metric`` minus the linear baseline, when the run logged both."""
@@ -81,7 +90,12 @@ def short_key(key: str) -> str:
 
 
 def differing_params(params: Sequence[dict[str, str]]) -> list[str]:
-    """Keys whose value is not the same in every run (a key some run lacks counts as differing)."""
+    """Keys whose value is not the same in every run that logged params.
+
+    A key one of those runs lacks counts as differing (say, a callback only it added); a run that logged
+    no param at all (it failed before the CLI logged its config) makes nothing differ.
+    """
+    params = [p for p in params if p]
     keys = sorted(set().union(*params)) if params else []
     return [k for k in keys if k not in PER_RUN_PARAMS and len({p.get(k) for p in params}) > 1]
 
@@ -97,6 +111,7 @@ def _row(run: Run, keys: list[str], now: float) -> RunRow:
         duration_s=max(0.0, end - start),
         params={k: run.data.params.get(k) for k in keys},
         metrics={k: float(v) for k, v in run.data.metrics.items() if not k.startswith("system/")},
+        logged_params=bool(run.data.params),
     )
 
 
@@ -110,8 +125,25 @@ def get_experiment(client: mlflow.MlflowClient, name: str, tracking_uri: str) ->
     return experiment
 
 
+@dataclass
+class Comparison:
+    """What :func:`compare` found.
+
+    Args:
+        rows: the runs shown, best first by the metric; runs without it come last, newest first.
+        keys: the params that differ among them (see :func:`differing_params`).
+        mode: ``"max"`` or ``"min"``.
+        hidden: runs left out, counted by status (FAILED, KILLED without ``show_all``).
+    """
+
+    rows: list[RunRow]
+    keys: list[str]
+    mode: str
+    hidden: dict[str, int] = field(default_factory=dict)
+
+
 def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str | None = None,
-            tracking_uri: str = "") -> tuple[list[RunRow], list[str], str]:
+            tracking_uri: str = "", show_all: bool = False) -> Comparison:
     """The experiment's runs, best first by ``metric``.
 
     Args:
@@ -120,9 +152,10 @@ def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
         metric: the metric to sort by (its final value).
         mode: ``"max"`` or ``"min"``; default :func:`default_mode`.
         tracking_uri: for error messages.
+        show_all: also the runs whose status is in :data:`HIDDEN_STATUSES`.
 
     Returns:
-        ``(rows, differing param keys, mode)``; runs without the metric come last, newest first.
+        The :class:`Comparison`.
 
     Raises:
         UsageError: unknown experiment, an experiment without runs, or a metric no run logged.
@@ -136,11 +169,17 @@ def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
         raise UsageError(f"metric {metric!r} is not logged by any run of experiment {experiment!r} "
                          f"(logged: {', '.join(logged) if logged else 'none'}).")
     mode = mode or default_mode(metric)
+    hidden: dict[str, int] = {}
+    if not show_all:
+        for run in runs:
+            if run.info.status in HIDDEN_STATUSES:
+                hidden[run.info.status] = hidden.get(run.info.status, 0) + 1
+        runs = [r for r in runs if r.info.status not in HIDDEN_STATUSES]
     keys = differing_params([r.data.params for r in runs])
     rows = [_row(r, keys, time.time()) for r in runs]
     sign = -1.0 if mode == "max" else 1.0
     rows.sort(key=lambda r: (metric not in r.metrics, sign * r.metrics.get(metric, 0.0), -r.start_time))
-    return rows, keys, mode
+    return Comparison(rows, keys, mode, hidden)
 
 
 # ----------------------------------------------------------------------------------------------- output
@@ -150,17 +189,18 @@ def _num(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def to_json(rows: list[RunRow], keys: list[str], metric: str, mode: str, experiment: str,
-            tracking_uri: str) -> dict[str, Any]:
+def to_json(comparison: Comparison, metric: str, experiment: str, tracking_uri: str) -> dict[str, Any]:
     """The comparison as a JSON-ready dict."""
     return {
         "experiment": experiment,
         "tracking_uri": tracking_uri,
         "metric": metric,
-        "mode": mode,
-        "differing_params": keys,
+        "mode": comparison.mode,
+        "differing_params": comparison.keys,
+        "hidden": comparison.hidden,
         "runs": [{**asdict(r), "metrics": {k: _num(v) for k, v in r.metrics.items()},
-                  "lift_over_linear": _num(r.lift(metric)), "cost_usd": _num(r.metrics.get(COST))} for r in rows],
+                  "lift_over_linear": _num(r.lift(metric)), "cost_usd": _num(r.metrics.get(COST))}
+                 for r in comparison.rows],
     }
 
 
@@ -178,32 +218,52 @@ def _fmt_duration(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
-def print_table(rows: list[RunRow], keys: list[str], metric: str, mode: str, experiment: str) -> None:
-    """Print the comparison as a rich table, best run first."""
+def _console() -> Any:
+    """A rich console as wide as the terminal, or ``COLUMNS``; 200 columns when piped without ``COLUMNS``."""
     from rich.console import Console
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
+        return Console()
+    return Console(width=200)
+
+
+def _header(key: str) -> str:
+    """A metric's column header, on two lines after its group: ``baseline/linear_acc`` -> ``baseline/⏎linear_acc``."""
+    from rich.markup import escape
+
+    return escape(key).replace("baseline/", "baseline/\n")
+
+
+#: The runs table's last columns, left out in this order (after the secondary metrics) when it is too wide.
+_EXTRAS = ("cost $", "vs linear", "duration")
+
+
+def _runs_table(rows: list[RunRow], keys: list[str], columns: list[str], metric: str, title: str,
+                omit: Sequence[str] = ()) -> Any:
+    """One row per run: #, name, status, the ``keys`` params, the ``columns`` metrics, lift, duration, cost.
+
+    ``omit`` leaves out some of :data:`_EXTRAS`.
+    """
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=200)
-    columns = _metric_columns(rows, metric)
-    has_cost = any(COST in r.metrics for r in rows)
-    has_lift = any(r.lift(metric) is not None for r in rows)
-    table = Table(title=f"experiment {experiment!r}: {len(rows)} runs by {metric} ({mode})",
-                  caption="params: only those that differ between the runs" if keys else "all runs share their params")
-    table.add_column("#", justify="right")
-    table.add_column("run")
-    table.add_column("status")
+    has_cost = "cost $" not in omit and any(COST in r.metrics for r in rows)
+    has_lift = "vs linear" not in omit and any(r.lift(metric) is not None for r in rows)
+    has_duration = "duration" not in omit
+    table = Table(title=title)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("run", no_wrap=True)
+    table.add_column("status", no_wrap=True)
     for key in keys:
-        table.add_column(escape(short_key(key)))
+        table.add_column(escape(short_key(key)), no_wrap=True)
     for col in columns:
-        table.add_column(escape(col), justify="right")
+        table.add_column(_header(col), justify="right", no_wrap=True)
     if has_lift:
-        table.add_column("vs linear", justify="right")
-    table.add_column("duration", justify="right")
+        table.add_column("vs linear", justify="right", no_wrap=True)
+    if has_duration:
+        table.add_column("duration", justify="right", no_wrap=True)
     if has_cost:
-        table.add_column("cost $", justify="right")
+        table.add_column("cost $", justify="right", no_wrap=True)
     for i, r in enumerate(rows, 1):
         cells = [str(i), escape(r.run_name), r.status]
         cells += [escape(str(r.params[k])) if r.params.get(k) is not None else "-" for k in keys]
@@ -211,24 +271,119 @@ def print_table(rows: list[RunRow], keys: list[str], metric: str, mode: str, exp
         if has_lift:
             lift = r.lift(metric)
             cells.append(f"{lift:+.4f}" if lift is not None else "-")
-        cells.append(_fmt_duration(r.duration_s))
+        if has_duration:
+            cells.append(_fmt_duration(r.duration_s))
         if has_cost:
             cells.append(f"{r.metrics[COST]:,.4f}" if COST in r.metrics else "-")
         table.add_row(*cells)
-    console.print(table)
+    return table
 
 
-def write_plot(rows: list[RunRow], metric: str, path: str) -> None:
-    """A PNG: the metric per run as bars with each run's baselines, and the metric against wall time (or cost)."""
-    import matplotlib
+def _params_tables(rows: list[RunRow], keys: list[str], fits: Any) -> list[Any]:
+    """One row per param, one column per run (``#1``, ``#2`` ... as in the runs table, with the run's name when all
+    fit), as many tables as it takes."""
+    from rich.markup import escape
+    from rich.table import Table
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def build(first: int, count: int, named: bool = False) -> Table:
+        table = Table(title="params that differ" + (f" (runs #{first + 1}-#{first + count})" if count < len(rows)
+                                                    else ""))
+        table.add_column("param", no_wrap=True)
+        for i in range(first, first + count):
+            table.add_column(f"#{i + 1}" + (f"\n{escape(rows[i].run_name)}" if named else ""), overflow="fold")
+        for key in keys:
+            table.add_row(escape(short_key(key)), *(escape(str(r.params[key])) if r.params.get(key) is not None
+                                                    else "-" for r in rows[first:first + count]))
+        return table
+
+    if fits(build(0, len(rows), named=True)):
+        return [build(0, len(rows), named=True)]
+    tables, first = [], 0
+    while first < len(rows):
+        count = len(rows) - first
+        while count > 1 and not fits(build(first, count)):
+            count -= 1
+        tables.append(build(first, count))
+        first += count
+    return tables
+
+
+def print_table(comparison: Comparison, metric: str, experiment: str, console: Any = None) -> None:
+    """Print the comparison, best run first, as wide as the console allows and never cut off.
+
+    The params are columns of the runs table when everything fits; else the runs table leaves them (and,
+    if still too wide, the secondary metrics: it says which) and a second table gives one row per param.
+    """
+    from rich.measure import Measurement
+
+    console = console or _console()
+    rows, keys = comparison.rows, comparison.keys
+
+    def width(table: Any) -> Measurement:
+        return Measurement.get(console, console.options.update_width(10_000), table)
+
+    def fits(table: Any) -> bool:  # every cell on one line (the runs table's cells never wrap)
+        return width(table).maximum <= console.width
+
+    def fits_wrapped(table: Any) -> bool:  # param values may wrap, at spaces or anywhere (never cut off)
+        return width(table).minimum <= console.width
+
+    title = f"experiment {experiment!r}: {len(rows)} run{'s' if len(rows) != 1 else ''} by {metric} ({comparison.mode})"
+    notes = []
+    if not rows:
+        notes.append("No runs to show.")
+    else:
+        columns = _metric_columns(rows, metric)
+        table = _runs_table(rows, keys, columns, metric, title)
+        params_apart = not fits(table)
+        dropped: list[str] = []
+        omit: list[str] = []
+        if params_apart:
+            table = _runs_table(rows, [], columns, metric, title)
+            while not fits(table) and (len(columns) > 1 or len(omit) < len(_EXTRAS)):
+                if len(columns) > 1:
+                    dropped.insert(0, columns.pop())
+                else:
+                    omit.append(_EXTRAS[len(omit)])
+                table = _runs_table(rows, [], columns, metric, title, omit)
+        console.print(table)
+        if params_apart:
+            for params in _params_tables(rows, keys, fits_wrapped):
+                console.print(params)
+        if dropped or omit:
+            notes.append(f"Not shown at {console.width} columns: {', '.join(dropped + omit)} (--json has them).")
+        notes.append("Params: only those that differ among these runs." if keys else
+                     "These runs share all their params.")
+        silent = [r.run_name for r in rows if not r.logged_params]
+        if silent:
+            notes.append(f"{', '.join(silent)} logged no params.")
+    for status, count in comparison.hidden.items():
+        one = count == 1
+        notes.append(f"{count} {status} run{'' if one else 's'} hidden (--all shows {'it' if one else 'them'}).")
+    for note in notes:
+        console.print(note, markup=False, highlight=False)
+
+
+def _time_unit(seconds: Sequence[float]) -> tuple[float, str]:
+    longest = max(seconds, default=0.0)
+    return (1.0, "s") if longest < 120 else (60.0, "min") if longest < 7200 else (3600.0, "h")
+
+
+def compare_figure(rows: list[RunRow], metric: str) -> Any:
+    """The metric per run as bars with each run's baselines, and the metric against cost (or wall time).
+
+    Against cost only when the costs differ; when every run cost the same (say $0 on your own machine)
+    the second panel is against wall time, and its title says what every run cost.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     shown = [r for r in rows if metric in r.metrics]
     names = [r.run_name for r in shown]
     values = [r.metrics[metric] for r in shown]
-    fig, (bars, scatter) = plt.subplots(1, 2, figsize=(max(8.0, 1.2 * len(shown) + 5), 4.5))
+    fig = Figure(figsize=(max(8.0, 1.2 * len(shown) + 5), 4.5), layout="tight")
+    FigureCanvasAgg(fig)
+    bars, scatter = fig.subplots(1, 2)
     xs = range(len(shown))
     bars.bar(xs, values, color="tab:blue", label=metric)
     for key, style in ((LINEAR, "tab:red"), (MAJORITY, "tab:gray")):
@@ -239,17 +394,30 @@ def write_plot(rows: list[RunRow], metric: str, path: str) -> None:
     bars.set_ylabel(metric)
     bars.set_title(f"{metric} by run (best first)")
     bars.legend(loc="best", fontsize=8, framealpha=0.8)
-    use_cost = any(COST in r.metrics for r in shown)
-    xvals = [r.metrics.get(COST, math.nan) if use_cost else r.duration_s / 60 for r in shown]
+    costs = {r.metrics[COST] for r in shown if COST in r.metrics}
+    use_cost = len(costs) > 1
+    if use_cost:
+        xvals = [r.metrics.get(COST, math.nan) for r in shown]
+        scatter.set_xlabel("cost (USD)")
+        scatter.set_title(f"{metric} against cost")
+    else:
+        scale, unit = _time_unit([r.duration_s for r in shown])
+        xvals = [r.duration_s / scale for r in shown]
+        scatter.set_xlabel(f"wall time ({unit})")
+        same = (f"\n(every run cost ${costs.pop():,.2f})" if len(costs) == 1 and all(COST in r.metrics for r in shown)
+                else "\n(no cost recorded)" if not costs else "")
+        scatter.set_title(f"{metric} against wall time{same}")
     scatter.scatter(xvals, values, color="tab:blue")
+    scatter.margins(x=0.25, y=0.15)  # room for the names beside the points
     for x, y, name in zip(xvals, values, names, strict=True):
         scatter.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    scatter.set_xlabel("cost (USD)" if use_cost else "wall time (min)")
     scatter.set_ylabel(metric)
-    scatter.set_title(f"{metric} against {'cost' if use_cost else 'time'}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def write_plot(rows: list[RunRow], metric: str, path: str) -> None:
+    """Write :func:`compare_figure` as a PNG."""
+    compare_figure(rows, metric).savefig(path, dpi=110)
 
 
 # ------------------------------------------------------------------------------------------------- main
@@ -262,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=("max", "min"), default=None,
                         help="Best is max or min (default: min for losses and errors, else max).")
     parser.add_argument("--plot", default=None, metavar="FILE", help="Also write a comparison PNG here.")
+    parser.add_argument("--all", action="store_true", dest="show_all",
+                        help=f"Also the runs that ended {' or '.join(HIDDEN_STATUSES)} (left out by default).")
     parser.add_argument("--json", action="store_true", help="Print JSON instead of the table.")
     return parser
 
@@ -272,16 +442,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_tracking_server(uri)
         client = mlflow.MlflowClient(tracking_uri=uri)
-        rows, keys, mode = compare(client, args.experiment, args.metric, args.mode, uri)
+        comparison = compare(client, args.experiment, args.metric, args.mode, uri, show_all=args.show_all)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT_CODE
     if args.plot:
-        write_plot(rows, args.metric, args.plot)
+        write_plot(comparison.rows, args.metric, args.plot)
     if args.json:
-        print(json.dumps(to_json(rows, keys, args.metric, mode, args.experiment, uri), indent=2))
+        print(json.dumps(to_json(comparison, args.metric, args.experiment, uri), indent=2))
     else:
-        print_table(rows, keys, args.metric, mode, args.experiment)
+        print_table(comparison, args.metric, args.experiment)
         if args.plot:
             print(f"plot: {args.plot}")
     return 0

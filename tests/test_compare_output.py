@@ -1,0 +1,151 @@
+"""``recipes.compare`` as a newcomer reads it: a 100-column terminal, real-sized configs, a crashed run, $0 costs.
+
+The runs are hand-made in a real MLflow store, shaped like the CLI's: about 120 flattened params each,
+default run names (``YYYYMMDD-HHMMSS-xxxx``), and one run that FAILED before it logged any param.
+"""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib.image
+import mlflow
+import pytest
+
+from recipes import compare
+from tests.conftest import client_for
+
+LR = "model.init_args.optimizer.init_args.lr"
+EPOCHS = "trainer.max_epochs"
+#: ~120 params every run of a recipe logs with the same value (the flattened config).
+SHARED = {
+    **{f"trainer.option_{i:03d}": "None" for i in range(100)},
+    **{f"model.init_args.layer_{i:02d}.init_args.width": "32" for i in range(14)},
+    "data.class_path": "datamodules.digits.DigitsDataModule",
+    "data.init_args.batch_size": "32",
+    "model.class_path": "recipes.classifier.ImageClassifier",
+    "seed_everything": "42",
+}
+NAMES = ("20261201-023630-057b", "20261201-024410-a1c3", "20261201-030000-dead")
+BASE = {"baseline/linear_acc": 0.9667, "baseline/majority_acc": 0.1}
+
+
+def _run(client: mlflow.MlflowClient, exp_id: str, name: str, params: dict[str, str], metrics: dict[str, float],
+         start_s: int, seconds: float, status: str = "FINISHED") -> str:
+    run_id = client.create_run(exp_id, run_name=name, start_time=start_s * 1000).info.run_id
+    client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, v, start_s * 1000, 0) for k, v in metrics.items()],
+                     params=[mlflow.entities.Param(k, v) for k, v in params.items()])
+    client.set_terminated(run_id, status, end_time=int((start_s + seconds) * 1000))
+    return run_id
+
+
+def _own(name: str) -> dict[str, str]:
+    """The params that differ between any two runs by construction (their names and directories)."""
+    return {"run_name": name, "checkpoint.dirpath": f"runs/digits/{name}/checkpoints",
+            "spot.dirpath": f"runs/digits/{name}/checkpoints"}
+
+
+@pytest.fixture
+def digits(tracked):
+    """Two finished runs (lr 0.003 vs 0.01, 12 vs 20 epochs, both $0 on cpu-local) and one that crashed at start."""
+    client = client_for(tracked)
+    exp_id = client.create_experiment("digits")
+    _run(client, exp_id, NAMES[0], {**SHARED, **_own(NAMES[0]), LR: "0.003", EPOCHS: "12"},
+         {"val/acc": 0.9306, "val/loss": 0.2535, **BASE, "cost/usd": 0.0}, 1_700_000_000, 11.5)
+    _run(client, exp_id, NAMES[1], {**SHARED, **_own(NAMES[1]), LR: "0.01", EPOCHS: "20"},
+         {"val/acc": 0.9500, "val/loss": 0.2822, **BASE, "cost/usd": 0.0}, 1_700_000_100, 6.2)
+    _run(client, exp_id, NAMES[2], {}, {}, 1_700_000_200, 1.0, status="FAILED")
+    return client, exp_id
+
+
+def _table(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert compare.main(["--experiment", "digits", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def _cells(out: str, first: str) -> list[str]:
+    """The cells of the table line whose first cell is ``first``."""
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells and cells[0] == first:
+            return cells
+    raise AssertionError(f"no table line starting with {first!r} in:\n{out}")
+
+
+def test_a_crashed_run_without_params_does_not_make_every_param_differ(digits, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    out = _table(capsys)
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "experiment 'digits': 2 runs by val/acc (max)" in out
+    assert _cells(out, "1")[:4] == ["1", NAMES[1], "FINISHED", "0.9500"]
+    assert _cells(out, "2")[:4] == ["2", NAMES[0], "FINISHED", "0.9306"]
+    assert NAMES[2] not in out  # FAILED: hidden, and said so
+    assert "1 FAILED run hidden (--all shows it)." in out
+    # the two params that differ, in full, one row each, one column per run (#1, #2)
+    assert _cells(out, "model.optimizer.lr") == ["model.optimizer.lr", "0.01", "0.003"]
+    assert _cells(out, "trainer.max_epochs") == ["trainer.max_epochs", "20", "12"]
+    assert "trainer.option_000" not in out and "seed_everything" not in out
+
+    out = _table(capsys, "--all")
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 100
+    assert _cells(out, "3")[:3] == ["3", NAMES[2], "FAILED"]
+    assert _cells(out, "model.optimizer.lr") == ["model.optimizer.lr", "0.01", "0.003", "-"]
+    assert "trainer.option_000" not in out
+    assert f"{NAMES[2]} logged no params." in " ".join(out.split())
+    assert "hidden" not in out
+
+
+def test_json_lists_the_shown_runs_and_what_was_hidden(digits, capsys):
+    data = json.loads(_table(capsys, "--json"))
+    assert data["differing_params"] == [LR, EPOCHS]
+    assert [r["run_name"] for r in data["runs"]] == [NAMES[1], NAMES[0]]
+    assert data["hidden"] == {"FAILED": 1}
+    data = json.loads(_table(capsys, "--json", "--all"))
+    assert data["differing_params"] == [LR, EPOCHS]  # the crashed run's missing params are not differences
+    assert [r["run_name"] for r in data["runs"]] == [NAMES[1], NAMES[0], NAMES[2]]
+    assert data["hidden"] == {}
+
+
+def test_two_clean_runs_are_readable_at_100_columns(tracked, capsys, monkeypatch):
+    """Before: the names came out as '202…' and the params as 'tra…'."""
+    monkeypatch.setenv("COLUMNS", "100")
+    client = client_for(tracked)
+    exp_id = client.create_experiment("digits")
+    for i, (name, lr) in enumerate(zip(NAMES[:2], ("0.003", "0.01"), strict=True)):
+        _run(client, exp_id, name, {**SHARED, **_own(name), LR: lr, "trainer.limit_train_batches": str(5 + i)},
+             {"val/acc": 0.2 - i / 10, "val/loss": 2.28, **BASE, "cost/usd": 0.0}, 1_700_000_000 + 100 * i, 6.2)
+    out = _table(capsys)
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 100
+    assert _cells(out, "1")[:4] == ["1", NAMES[0], "FINISHED", "0.2000"]
+    assert _cells(out, "2")[:4] == ["2", NAMES[1], "FINISHED", "0.1000"]
+    assert "model.optimizer.lr" in out and "trainer.limit_train_batches" in out
+    assert "hidden" not in out
+
+
+def test_many_differing_params_become_one_row_each(tracked, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    client = client_for(tracked)
+    exp_id = client.create_experiment("digits")
+    sweep = {f"model.init_args.knob_{k:02d}": k for k in range(12)}
+    for i, name in enumerate(NAMES):
+        params = {**SHARED, **_own(name), **{key: str(v * (i + 1)) for key, v in sweep.items()}}
+        _run(client, exp_id, name, params, {"val/acc": 0.5 + i / 10, **BASE}, 1_700_000_000 + 100 * i, 60)
+    out = _table(capsys)
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 100
+    assert _cells(out, "model.knob_11") == ["model.knob_11", "33", "22", "11"]  # best (#1) is the third run
+    assert [_cells(out, str(i))[1] for i in (1, 2, 3)] == [NAMES[2], NAMES[1], NAMES[0]]
+
+
+def test_plot_without_costs_uses_wall_time_and_says_so(digits, tracked):
+    rows = compare.compare(client_for(tracked), "digits", "val/acc").rows
+    fig = compare.compare_figure(rows, "val/acc")
+    bars, scatter = fig.axes
+    assert [t.get_text() for t in bars.get_xticklabels()] == [NAMES[1], NAMES[0]]  # best first
+    assert scatter.get_xlabel() == "wall time (s)"
+    assert scatter.get_title() == "val/acc against wall time\n(every run cost $0.00)"
+    assert sorted(x for x, _ in scatter.collections[0].get_offsets()) == pytest.approx([6.2, 11.5])
+    path = tracked / "compare.png"
+    compare.write_plot(rows, "val/acc", str(path))
+    height, width, _ = matplotlib.image.imread(path).shape
+    assert width > height > 300
