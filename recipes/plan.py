@@ -466,6 +466,7 @@ def print_table(result: PlanResult) -> None:
     Args:
         result: From :func:`plan`.
     """
+    from rich.cells import cell_len
     from rich.markup import escape
     from rich.measure import Measurement
     from rich.table import Table
@@ -501,9 +502,11 @@ def print_table(result: PlanResult) -> None:
 
     def build(names: list[str], note: str) -> Table:
         table = Table(title=title, caption=caption + note)
-        for name in names:
+        for name in names:  # a cell that must not wrap asks for its width, so measuring the table is exact
+            wraps = name in ("ckpt every", "pick")
+            least = 6 if wraps else max((cell_len(row[name]) for row in cells), default=None)
             table.add_column(escape(name), justify="left" if name in ("market", "pick") else "right",
-                             no_wrap=name not in ("ckpt every", "pick"), min_width=6 if name == "pick" else None)
+                             no_wrap=not wraps, min_width=least)
         for row in cells:
             table.add_row(*(row[name] for name in names))
         return table
