@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import pytest
@@ -90,3 +91,31 @@ def test_bad_input_exit_2(argv: list[str], message: str, capsys: pytest.CaptureF
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("overhead", ["--steps STEPS optimizer steps per variant and round, warm-up included (default: 40)",
+                  "--batch-size BATCH_SIZE samples per step (default: 256)",
+                  "--rounds ROUNDS rounds of all variants, interleaved; the best round of each is compared "
+                  "(default: 3)",
+                  "--threads THREADS torch threads (CPU) (default: 1)"]),
+    ("checkpoint", ["--every EVERY save a checkpoint every this many steps (default: 10)",
+                    "--hidden HIDDEN width of the hidden layers: 2 x Linear(4096, 4096) is 134 MB of fp32 state "
+                    "(default: 4096)",
+                    "--out OUT keep run files here (default: a temporary directory)"]),
+])
+def test_help_gives_every_option_a_meaning_and_its_default(command: str, expected: list[str],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args([command, "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for line in expected:
+        assert line in text
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices[command]._actions:
+        assert action.help, f"{command} {action.option_strings} has no help"
+        if action.default is not None and action.default is not False and action.default != argparse.SUPPRESS:
+            assert f"(default: {action.default})" in text, action.option_strings
+    assert "(default: None)" not in text and "(default: False)" not in text
