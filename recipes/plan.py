@@ -24,6 +24,9 @@ Examples::
         --instance a3-highgpu-1g --interruption-rate 0.05 --rate-period-h 1 \\
         --save-cost-s 30 --restart-s 120
 
+    # no --interruption-rate: the catalog row's typical spot rate (printed, with where it comes from)
+    python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance a3-highgpu-1g
+
     # the cheapest plan done within 2 h, the fastest within $50, and a cost-vs-time plot
     python -m recipes.plan --step-time 3 --steps 10000 --usl-a 0.02 --usl-b 0.0005 \\
         --instance a3-highgpu-8g --interruption-rate 0.05 --deadline-h 2 --budget-usd 50 --plot plan.png
