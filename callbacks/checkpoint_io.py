@@ -9,8 +9,8 @@ checkpoint, e.g. the MLflow run id), so a resume can verify before it trusts.
 Given a ``RemoteCheckpoints`` mirror, every published checkpoint is then uploaded to object
 storage (objects, record, ``latest.json`` pointer, in that order); ``remove_checkpoint`` deletes
 both copies. Wrap it in ``BoundedAsyncCheckpointIO`` to write and upload in a background thread
-(tensors are cloned on the caller's thread first); ``teardown()`` joins it, which is how a save on
-an interruption notice waits for its upload.
+(tensors are copied on the caller's thread first, into a staging buffer allocated once);
+``teardown()`` joins it, which is how a save on an interruption notice waits for its upload.
 
 Example::
 
@@ -32,6 +32,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
 from callbacks import ckpt_store
@@ -118,9 +119,80 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         #: Saves that had to wait for the previous one, and the seconds training spent waiting.
         self.waits = 0
         self.waited_s = 0.0
+        #: The staging buffer: one preallocated tensor per tensor of the checkpoint, in traversal order.
+        self._staging: list[torch.Tensor | None] = []
+        #: Staging tensors (re)allocated so far: as many as the state has tensors, once, when shapes stay put.
+        self.allocations = 0
+
+    def _stage(self, checkpoint: Any) -> Any:
+        """A copy of ``checkpoint`` whose tensors are ``copy_``-ed into the reused staging buffer.
+
+        ``clone()`` allocates the whole state again at every save (~2 GB/s here); ``copy_`` into
+        memory allocated once runs at memory-copy speed (~11 GB/s). Only the caller may write the
+        buffer, and only once the writer is done with it: ``save_checkpoint`` waits for the previous
+        save to finish before staging the next (the bound of one in flight). A CUDA tensor is staged
+        in pinned host memory (one stream synchronize per save); a tensor subclass (e.g. a DTensor)
+        or a sparse tensor is cloned as before.
+        """
+        index = 0
+        cuda = False
+
+        def copy(tensor: torch.Tensor) -> torch.Tensor:
+            nonlocal index, cuda
+            tensor = tensor.detach()
+            if type(tensor) is not torch.Tensor or tensor.layout != torch.strided:
+                return tensor.clone()
+            if index == len(self._staging):
+                self._staging.append(None)
+            buffer = self._staging[index]
+            index += 1
+            if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or (
+                    tensor.device.type != "cuda" and buffer.device != tensor.device):
+                pin = tensor.device.type == "cuda"
+                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin,
+                                     device="cpu" if pin else tensor.device)
+                self._staging[index - 1] = buffer
+                self.allocations += 1
+            cuda = cuda or tensor.device.type == "cuda"
+            buffer.copy_(tensor, non_blocking=tensor.device.type == "cuda")
+            return buffer
+
+        staged = apply_to_collection(checkpoint, torch.Tensor, copy)
+        del self._staging[index:]  # tensors the state no longer has
+        if cuda:
+            torch.cuda.current_stream().synchronize()  # the non-blocking copies have landed
+        return staged
 
     @override
     def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        self._wait_for_previous()
+        self._ensure_setup()
+        if "checkpoint" in kwargs:
+            kwargs = {**kwargs, "checkpoint": self._stage(kwargs["checkpoint"])}
+        elif args:
+            args = (self._stage(args[0]), *args[1:])
+        inner = self.checkpoint_io
+
+        def save(*a: Any, **kw: Any) -> None:
+            try:
+                assert inner is not None
+                inner.save_checkpoint(*a, **kw)
+            except BaseException as ex:
+                self._error = ex
+
+        assert self._executor is not None
+        self._executor.submit(save, *args, **kwargs)
+        self._drained = self._executor.submit(lambda: None)  # done once every earlier save is
+        if self._error:  # a save submitted earlier failed
+            raise self._error
+
+    @override
+    def teardown(self) -> None:
+        super().teardown()
+        self._staging = []  # the buffer is a full copy of the state: give it back with the executor
+
+    def _wait_for_previous(self) -> None:
+        """Block until the save submitted before has been written: only then may its staging buffer be reused."""
         if self._drained is not None and not self._drained.done():
             started = time.monotonic()
             self._drained.result()
@@ -132,9 +204,6 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
                     "The previous checkpoint was still being written/uploaded: training waited %.2f s before "
                     "the next save (%d such waits, %.1f s in all). Save less often or to faster storage.",
                     waited, self.waits, self.waited_s)
-        super().save_checkpoint(*args, **kwargs)
-        assert self._executor is not None
-        self._drained = self._executor.submit(lambda: None)  # done once every earlier save is
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:

@@ -54,10 +54,31 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _name_and_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
+    """``Name`` and ``Version`` from the head of a distribution's METADATA, without parsing all of it.
+
+    ``dist.metadata`` parses the whole file (long descriptions included) as an e-mail message: about
+    0.4 s for 170 packages, on the critical path of every fit; the two headers come first in a
+    core-metadata file, so reading up to the first blank line gives the same pairs in ~25 ms.
+    """
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    name = version = None
+    for line in text.splitlines():
+        if not line:  # end of the headers
+            break
+        if name is None and line.startswith("Name:"):
+            name = line[5:].strip()
+        elif version is None and line.startswith("Version:"):
+            version = line[8:].strip()
+        if name and version:
+            break
+    return name, version
+
+
 def installed_packages() -> list[str]:
     """``name==version`` of every installed distribution, sorted (what ``pip freeze`` lists)."""
-    found = {f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
-             if d.metadata["Name"]}
+    found = {f"{name}=={version}" for name, version in map(_name_and_version, importlib.metadata.distributions())
+             if name}
     return sorted(found, key=str.lower)
 
 

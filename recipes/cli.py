@@ -72,6 +72,8 @@ ENV_MLFLOW_RUN_ID = "ATSCALE_MLFLOW_RUN_ID"
 ENV_RUN_TAGS = "ATSCALE_RUN_TAGS"
 #: Set by ``recipes.scale``: the sweep's parent MLflow run, under which this run nests.
 ENV_PARENT_RUN_ID = "ATSCALE_MLFLOW_PARENT_RUN_ID"
+#: MLflow's worker threads for async logging (read when its queue starts).
+ASYNC_LOGGING_THREADS_ENV = "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"
 #: Exit status for bad input (as jsonargparse uses for parse errors).
 USAGE_EXIT_CODE = 2
 #: Exit status after SIGINT (Ctrl-C), as shells report it.
@@ -81,6 +83,7 @@ _MAX_PARAM_LENGTH = 6000
 #: ``config_changed.*`` tags). Any other change would be ignored by the restored training state.
 RESUMABLE_CHANGES = (
     "config", "experiment", "run_name", "runs_root", "staging_root", "ckpt_path", "fresh", "async_checkpoint",
+    "cpu_threads",
     "log_model", "spot", "cost", "checkpoint.dirpath", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps", "trainer.devices",
     "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
@@ -181,6 +184,23 @@ def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
         tracking.check_server(uri, timeout)
     except TrackingError as err:
         raise UsageError(str(err)) from None
+
+
+def apply_cpu_threads(setting: str) -> None:
+    """Check ``--cpu_threads`` and set torch's intra-op thread count for an explicit ``N`` (see recipes.fit)."""
+    if setting in ("auto", "torch"):
+        return
+    if not setting.isdigit() or int(setting) < 1:
+        raise UsageError(f"--cpu_threads {setting!r}: expected 'auto', 'torch' or a positive integer.")
+    torch.set_num_threads(int(setting))
+
+
+def flush_async_metrics() -> None:
+    """Wait until MLflow's async queue (of the current tracking URI's store) has written every metric."""
+    try:
+        mlflow.flush_async_logging()
+    except Exception as err:  # the store itself may be what failed; the run's outcome stands
+        log.error("Could not flush the MLflow metrics still queued: %s", err)
 
 
 def _short_class(value: Any) -> str:
@@ -394,6 +414,11 @@ class AtscaleCLI(LightningCLI):
                             help="Start over: set the run's old checkpoints aside and open a new MLflow run.")
         parser.add_argument("--async_checkpoint", type=bool, default=True,
                             help="Write periodic checkpoints in a background thread.")
+        parser.add_argument("--cpu_threads", type=str, default="auto",
+                            help="CPU threads per process: 'auto' (OpenMP threads sleep instead of spinning while "
+                                 "they wait, so a busy neighbour process does not make steps 10x slower; the count "
+                                 "is torch's, or the launcher's division of the cores), a count N, or 'torch' "
+                                 "(torch's own defaults). Applied by python -m recipes.fit before torch starts.")
         parser.add_argument("--log_model", type=bool, default=True,
                             help="Log the trained model to MLflow at the end (skip for sweeps and drills).")
         parser.add_lightning_class_args(PublishedModelCheckpoint, "checkpoint")
@@ -411,6 +436,7 @@ class AtscaleCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config
         check_devices(cfg.trainer)
+        apply_cpu_threads(cfg.get("cpu_threads", "auto"))
         experiment = cfg.experiment
         inherited = os.environ.get(ENV_RUN_NAME) if launched_by_parent() else None
         run_name = cfg.run_name or inherited or default_run_name()
@@ -614,6 +640,9 @@ class AtscaleCLI(LightningCLI):
                 isinstance(cb, ProgressBar) for cb in user_callbacks):
             extra.append(RunProgressBar(leave=True))
         if config.get("logger") in (None, True):
+            # one writer thread: batches are written in the order they were logged (MLflow's default of
+            # 10 workers may write two windows out of order)
+            os.environ.setdefault(ASYNC_LOGGING_THREADS_ENV, "1")
             config["logger"] = MLFlowLogger(
                 experiment_name=ctx.experiment,
                 run_name=ctx.run_name,
@@ -621,6 +650,10 @@ class AtscaleCLI(LightningCLI):
                 run_id=ctx.mlflow_run_id,
                 # created with the run, atomically: a relaunch finds the run even if killed a moment later
                 tags={**search_tags(self.config), **(run_tags() or {}), RUN_DIR_TAG: ctx.identity},
+                # metrics go through MLflow's async queue: a sqlite/HTTP write per logging window on the
+                # training thread cost ~7 ms a step (issue 16). set_terminated (Lightning's finalize, and
+                # ours on failure) drains it before the run ends, an atexit hook at process exit.
+                synchronous=False,
             )
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
@@ -665,6 +698,8 @@ class AtscaleCLI(LightningCLI):
                     log.error("Could not mark MLflow run %s as ended: %s", logger.run_id, mark_err)
             raise
         finally:
+            if logger is not None and self.trainer.is_global_zero:
+                flush_async_metrics()  # what on_fit_end logged after Lightning's finalize, too
             if monitor is not None:
                 monitor.finish()
         duration = time.monotonic() - start

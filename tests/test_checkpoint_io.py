@@ -80,3 +80,56 @@ def test_saves_that_keep_up_never_wait(tmp_path: Path) -> None:
     io.teardown()
     assert io.waits == 0 and io.waited_s == 0.0
     assert [ckpt_store.read_record(tmp_path / f"s{i}.ckpt").global_step for i in range(3)] == [0, 1, 2]
+
+
+class SlowRecordingIO(CheckpointIO):
+    """Writes slowly and records, at the end of each write, the values it was given (as a torch.save would read)."""
+
+    def __init__(self, delay_s: float = 0.2) -> None:
+        self.delay_s = delay_s
+        self.written: list[tuple[Any, list[float]]] = []
+        self.seen_ids: list[int] = []
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        self.seen_ids.append(id(checkpoint["state"]["w"]))
+        time.sleep(self.delay_s)  # the training thread stages the next save meanwhile, if it may
+        self.written.append((path, checkpoint["state"]["w"].tolist()))
+
+    def load_checkpoint(self, path: Any, map_location: Any = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def remove_checkpoint(self, path: Any) -> None:
+        pass
+
+
+def test_two_quick_saves_each_write_their_own_steps_values() -> None:
+    """The staging buffer is reused: the second save must not overwrite it while the first is still written."""
+    inner = SlowRecordingIO()
+    io = BoundedAsyncCheckpointIO(inner)
+    weights = torch.zeros(3)
+    io.save_checkpoint({"global_step": 1, "state": {"w": weights}}, "step1")
+    weights.add_(1.0)  # the next optimizer step changes the live tensor at once
+    io.save_checkpoint({"global_step": 2, "state": {"w": weights}}, "step2")  # waits for step1's write
+    weights.add_(1.0)  # and the step after: step2 is written from the buffer, not from this tensor
+    io.teardown()
+    assert inner.written == [("step1", [0.0, 0.0, 0.0]), ("step2", [1.0, 1.0, 1.0])]
+    assert inner.seen_ids[0] == inner.seen_ids[1]  # the same buffer, reused
+    assert io.waits == 1
+
+
+def test_the_staging_buffer_is_allocated_once_and_follows_the_shapes(tmp_path: Path) -> None:
+    io = BoundedAsyncCheckpointIO(AtomicCheckpointIO())
+    state = {"a": torch.arange(4.0), "b": {"c": torch.ones(2, 2, dtype=torch.float64)}, "step": 7}
+    for step in range(3):
+        state["a"] += 1
+        io.save_checkpoint({"global_step": step, "state": state}, tmp_path / f"s{step}.ckpt")
+    assert io.allocations == 2  # one per tensor, at the first save only
+    io.save_checkpoint({"global_step": 3, "state": {**state, "a": torch.zeros(5)}}, tmp_path / "s3.ckpt")
+    assert io.allocations == 3  # a new shape: that tensor only is reallocated
+    io.teardown()
+    for step in range(3):
+        loaded = torch.load(tmp_path / f"s{step}.ckpt", weights_only=True)
+        assert loaded["state"]["a"].tolist() == [float(step + 1 + i) for i in range(4)]
+        assert loaded["state"]["b"]["c"].dtype == torch.float64 and loaded["state"]["step"] == 7
+    assert torch.load(tmp_path / "s3.ckpt", weights_only=True)["state"]["a"].tolist() == [0.0] * 5
+    assert io._staging == []  # given back at teardown
