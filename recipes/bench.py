@@ -59,6 +59,7 @@ from typing_extensions import override
 
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
+from recipes import chaos
 
 PROG = "python -m recipes.bench"
 #: Goals: full recipe vs plain Lightning, full recipe vs plain PyTorch, async vs sync checkpoint stall.
@@ -507,6 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_argument("--hidden", type=int, default=4096,
                       help="width of the hidden layers: 2 x Linear(4096, 4096) is 134 MB of fp32 state")
     ckpt.add_argument("--layers", type=int, default=2, help="hidden layers of the MLP (the checkpointed state)")
+    chaos.add_arguments(sub.add_parser("chaos", help="seeded random faults on one digits run, relaunched after "
+                                                     "each, then checked (see recipes/chaos.py)"))
     for p in (over, ckpt):
         p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
         p.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)")
@@ -517,6 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if args.command == "chaos":
+            return chaos.main(args)
         for name in ("steps", "rounds", "batch_size", "hidden", "layers", "features", "threads", "warmup"):
             if getattr(args, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")

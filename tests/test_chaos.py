@@ -1,0 +1,83 @@
+"""The chaos soak (``python -m recipes.bench chaos``): its plan and bookkeeping, and one short real soak.
+
+The soak drives real ``recipes.fit`` subprocesses; here with three quick, deterministic kinds (SIGTERM,
+SIGKILL, a truncated checkpoint) on a one-epoch digits run, checking the report's exact structure and
+that every invariant held.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from recipes import bench
+from recipes.chaos import INVARIANTS, KINDS, corrupt, parse_resume, plan_faults, pruned_by_policy
+
+#: Seed 24 plans sigterm and sigkill in training, then a truncated checkpoint (no --ckpt_path launch).
+SEED = 24
+REPORT_KEYS = {"settings", "skipped_kinds", "reference", "plan", "faults", "runs", "by_kind", "stores", "launches",
+               "invariants", "ok", "elapsed_s"}
+FAULT_KEYS = {"index", "kind", "run_name", "phase", "moment_s", "struck", "exit_codes", "detail", "launches",
+              "furthest_step", "resumable_after", "next_resumed_from", "lost_steps", "time_to_resume_s",
+              "next_launch_wall_s", "problems", "held"}
+KIND_KEYS = {"count", "struck", "held", "failed", "lost_steps_mean", "lost_steps_max", "time_to_resume_mean_s",
+             "time_to_resume_max_s", "exit_codes"}
+
+
+def test_plan_is_seeded_and_covers_every_kind() -> None:
+    plan = plan_faults(8, KINDS, seed=5)
+    assert plan == plan_faults(8, KINDS, seed=5)
+    assert plan[0].kind == "new_store_kill" and {p.kind for p in plan} == set(KINDS)
+    assert [p.kind for p in plan[1:]].count("new_store_kill") == 0
+    assert all(p.phase == "training" for p in plan if p.kind in ("corrupt", "double_launch"))
+    quick = plan_faults(3, ("sigterm", "sigkill", "corrupt"), SEED)
+    assert [(p.kind, p.phase) for p in quick] == [("sigterm", "training"), ("sigkill", "training"),
+                                                  ("corrupt", "training")]
+    assert (quick[2].corrupt_mode, quick[2].explicit) == ("truncate", False)
+
+
+def test_pruning_policy_and_resume_line(tmp_path: Path) -> None:
+    now = {"step=00000030.ckpt": 30, "step=00000040.ckpt": 40, "best-000-00000045.ckpt": 45}
+    assert pruned_by_policy("step=00000020.ckpt", 20, now)  # two newer step checkpoints: keep=2
+    assert not pruned_by_policy("step=00000035.ckpt", 35, now)  # only one newer
+    assert pruned_by_policy("best-000-00000020.ckpt", 20, now) and not pruned_by_policy("best-1-50.ckpt", 50, now)
+    assert parse_resume("x\nResuming from runs/d/r/checkpoints/step=00000045.ckpt (step 45).\n") == (
+        "runs/d/r/checkpoints/step=00000045.ckpt", 45)
+    assert parse_resume("no checkpoint") is None
+    path = tmp_path / "c.ckpt"
+    path.write_bytes(bytes(range(256)) * 4)
+    assert corrupt(path, "truncate", 0.5) == {"mode": "truncate", "size": 1024, "new_size": 460}
+    assert path.stat().st_size == 460
+    assert corrupt(path, "flip", 0.1)["flipped"] == 64 and path.read_bytes() != (bytes(range(256)) * 4)[:460]
+
+
+def test_soak_of_three_faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "chaos.json"
+    code = bench.main(["chaos", "--faults", "3", "--kinds", "sigterm,sigkill,corrupt", "--seed", str(SEED),
+                       "--epochs", "1", "--workdir", str(tmp_path / "soak"), "--out", str(out)])
+    report = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    print(printed)  # the soak's own lines and tables, shown if an assertion fails
+    assert set(report) == REPORT_KEYS
+    assert [f["kind"] for f in report["faults"]] == ["sigterm", "sigkill", "corrupt"]
+    for fault in report["faults"]:
+        assert set(fault) == FAULT_KEYS
+        assert fault["struck"], json.dumps(fault, indent=1)
+        assert fault["lost_steps"] is not None and fault["lost_steps"] >= 0
+    truncated = report["faults"][2]["detail"]
+    assert truncated["mode"] == "truncate" and truncated["new_size"] < truncated["size"]
+    assert truncated["explicit"] is False
+    assert set(report["by_kind"]) == {"sigterm", "sigkill", "corrupt"}
+    assert all(set(row) == KIND_KEYS and row["count"] == 1 for row in report["by_kind"].values())
+    assert set(report["invariants"]) == set(INVARIANTS)
+    assert "Chaos soak" in printed and "Invariants" in printed
+    # the final invariants: one run, finished, bitwise equal to the reference, one FINISHED MLflow run, ...
+    (run,) = report["runs"]
+    assert run["checks"]["tensors_different"] == [] and run["checks"]["tensors"] > 0
+    assert [r["status"] for r in run["checks"]["mlflow_runs"]] == ["FINISHED"]
+    failed = {name: v["problems"] for name, v in report["invariants"].items() if not v["ok"]}
+    assert failed == {}
+    assert report["ok"] is True and code == 0
