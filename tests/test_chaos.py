@@ -53,6 +53,7 @@ def test_pruning_policy_and_resume_line(tmp_path: Path) -> None:
     assert corrupt(path, "flip", 0.1)["flipped"] == 64 and path.read_bytes() != (bytes(range(256)) * 4)[:460]
 
 
+@pytest.mark.e2e
 def test_soak_of_three_faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "chaos.json"
