@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import logging
 import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -173,6 +175,64 @@ def async_over_sync(sync: dict[str, float], async_: dict[str, float]) -> dict[st
     return out
 
 
+def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float], level: float = 0.95,
+                       resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Ratio of means of paired rounds and its percentile bootstrap confidence interval.
+
+    Rounds are interleaved, so round ``i`` of both variants saw the same machine: the bootstrap
+    resamples round indices (with replacement) and keeps the pairs together.
+
+    Args:
+        numerator: throughput of the variant on top of the ratio, one value per round.
+        denominator: throughput of the reference variant, same rounds in the same order.
+        level: confidence level (0 < level < 1).
+        resamples: bootstrap resamples.
+        seed: seed of the resampling (``random.Random``), so a result can be reproduced exactly.
+
+    Returns:
+        ``(ratio, low, high)`` with ``ratio = mean(numerator) / mean(denominator)``.
+
+    Raises:
+        ValueError: on unpaired or empty input, a throughput <= 0, or a level outside (0, 1).
+    """
+    if len(numerator) != len(denominator) or not numerator:
+        raise ValueError(f"bootstrap_ratio_ci: need paired rounds (got {len(numerator)} and {len(denominator)}).")
+    if not 0 < level < 1 or resamples < 1:
+        raise ValueError(f"bootstrap_ratio_ci: level {level!r} must be in (0, 1), resamples {resamples!r} >= 1.")
+    if min(*numerator, *denominator) <= 0:
+        raise ValueError("bootstrap_ratio_ci: throughputs must be > 0.")
+    n = len(numerator)
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        picks = [rng.randrange(n) for _ in range(n)]
+        ratios.append(sum(numerator[i] for i in picks) / sum(denominator[i] for i in picks))
+    ratios.sort()
+    tail = (1 - level) / 2
+    low = ratios[min(resamples - 1, math.floor(tail * resamples))]
+    high = ratios[max(0, math.ceil((1 - tail) * resamples) - 1)]
+    return sum(numerator) / sum(denominator), low, high
+
+
+def verdict(low: float, high: float, goal: float, margin: float) -> str:
+    """``met`` (the interval is at or above ``goal``), ``missed`` (below), else ``inconclusive``.
+
+    An interval wider than ``margin`` is inconclusive too: it cannot tell the goal from its margin.
+    """
+    if high - low >= margin:
+        return "inconclusive"
+    if low >= goal:
+        return "met"
+    if high < goal:
+        return "missed"
+    return "inconclusive"
+
+
+def ci_settled(low: float, high: float, margin: float) -> bool:
+    """Whether a ratio's confidence interval is narrower than the goal's margin (more rounds will not change it)."""
+    return high - low < margin
+
+
 # ------------------------------------------------------------------ model and data
 def mlp(features: int, hidden: int, layers: int, classes: int) -> nn.Sequential:
     """``layers`` hidden Linear+ReLU blocks of width ``hidden``."""
@@ -305,11 +365,48 @@ def run_plain_lightning(args: argparse.Namespace, root: Path, timing: bool = Fal
     return watch.ends
 
 
-def run_full_recipe(args: argparse.Namespace, root: Path, index: int) -> list[float]:
+#: The default pieces of the full recipe that ``overhead --ablate`` turns off one at a time.
+PIECES = {
+    "mlflow": "MLflow logging (logger, params, metrics; system metrics go with it)",
+    "system_metrics": "MLflow system metrics thread",
+    "progress_bar": "rich progress bar",
+    "spot": "spot callback (SpotCheckpoint)",
+    "cost": "cost tracker (CostTracker)",
+    "checkpointing": "best checkpoint (ModelCheckpoint)",
+    "baselines": "baselines (scikit-learn, at fit start)",
+    "manifest": "manifest (at fit start)",
+    "log_model": "model logging (at fit end)",
+    "timing": "StepTiming",
+}
+
+
+def _piece_classes() -> dict[str, tuple[type, ...]]:
+    from callbacks.baselines import Baselines
+    from callbacks.cost import CostTracker
+    from callbacks.manifest import Manifest
+    from callbacks.spot import SpotCheckpoint
+
+    return {"spot": (SpotCheckpoint,), "cost": (CostTracker,), "checkpointing": (ModelCheckpoint,),
+            "baselines": (Baselines,), "manifest": (Manifest,), "timing": (StepTiming,)}
+
+
+def run_full_recipe(args: argparse.Namespace, root: Path, index: int,
+                    without: frozenset[str] = frozenset()) -> tuple[list[float], float]:
+    """The full recipe (less the pieces named in ``without``, see :data:`PIECES`): (step ends, fit seconds)."""
+    from unittest import mock
+
     from recipes.cli import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME, AtscaleCLI
 
     for key in (ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME):
         os.environ.pop(key, None)  # set by a previous in-process run
+    extra: list[str] = []
+    if "mlflow" in without:
+        extra += ["--trainer.logger", "false"]
+    if "progress_bar" in without:
+        extra += ["--trainer.enable_progress_bar", "false"]
+    if "log_model" in without:
+        extra += ["--log_model", "false"]
+    tag = "-".join(sorted(without)) or "full"
     cli = AtscaleCLI(args=[
         "--model", "recipes.bench.BenchModule", "--model.features", str(args.features),
         "--model.hidden", str(args.hidden), "--model.layers", str(args.layers),
@@ -317,17 +414,24 @@ def run_full_recipe(args: argparse.Namespace, root: Path, index: int) -> list[fl
         "--data.batch_size", str(args.batch_size), "--data.features", str(args.features),
         "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.max_epochs", "1",
         "--trainer.max_steps", str(args.steps), "--trainer.limit_val_batches", "1",
-        "--experiment", "bench-overhead", "--run_name", f"full-{time.strftime('%H%M%S')}-{index}",
-        "--runs_root", str(root / "runs")])
+        "--experiment", "bench-overhead", "--run_name", f"{tag}-{time.strftime('%H%M%S')}-{index}",
+        "--runs_root", str(root / "runs"), "--trainer.default_root_dir", str(root / "default_root"), *extra])
+    removed = tuple(cls for piece in without for cls in _piece_classes().get(piece, ()))
+    if removed:
+        cli.trainer.callbacks = [cb for cb in cli.trainer.callbacks if not isinstance(cb, removed)]
     watch = Stopwatch()
-    if not any(isinstance(cb, StepTiming) for cb in cli.trainer.callbacks):
+    if "timing" not in without and not any(isinstance(cb, StepTiming) for cb in cli.trainer.callbacks):
         cli.trainer.callbacks.append(StepTiming())
     cli.trainer.callbacks.append(watch)
-    with open(root / f"full-recipe-{index}.log", "w") as log_file, contextlib.redirect_stdout(log_file):
+    patch = mock.patch.object(AtscaleCLI, "_start_system_metrics", staticmethod(lambda run_id: None)) \
+        if "system_metrics" in without else contextlib.nullcontext()
+    with open(root / f"{tag}-{index}.log", "w") as log_file, contextlib.redirect_stdout(log_file), patch:
+        started = time.perf_counter()
         code = cli.fit()  # its progress bar and end table go to a file, as in a batch job
+        fit_s = time.perf_counter() - started
     if code != 0:
-        raise RuntimeError(f"full recipe run exited with {code}")
-    return watch.ends
+        raise RuntimeError(f"full recipe run ({tag}) exited with {code}")
+    return watch.ends, fit_s
 
 
 def step_timing_cost_us(root: Path, steps: int = 300, rounds: int = 3) -> float:
@@ -352,31 +456,95 @@ def step_timing_cost_us(root: Path, steps: int = 300, rounds: int = 3) -> float:
 def bench_overhead(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     samples = args.batch_size
     results: dict[str, list[float]] = {key: [] for key in VARIANTS}
+    fit_s: list[float] = []
+    max_rounds = max(args.rounds, args.max_rounds)
+    ci: dict[str, tuple[float, float, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.out or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        for index in range(max_rounds):
+            runs = {"a": lambda: (run_plain_torch(args), 0.0), "b": lambda: (run_plain_lightning(args, root), 0.0),
+                    "b+timing": lambda: (run_plain_lightning(args, root, timing=True), 0.0),
+                    "c": lambda i=index: run_full_recipe(args, root, i)}
+            for key in VARIANTS:
+                ends, seconds = runs[key]()
+                if len(ends) != args.steps:
+                    raise RuntimeError(f"variant {key} ran {len(ends)} steps, expected {args.steps}")
+                results[key].append(window_throughput(ends, samples, args.warmup))
+                if key == "c":
+                    fit_s.append(seconds)
+                console.print(f"round {index + 1} ({key}): {results[key][-1]:,.1f} samples/s, "
+                              f"{samples / results[key][-1] * 1e3:.1f} ms/step", highlight=False)
+            if index + 1 >= max(2, args.rounds):
+                ci = {"c/b": bootstrap_ratio_ci(results["c"], results["b"]),
+                      "c/a": bootstrap_ratio_ci(results["c"], results["a"])}
+                if ci_settled(*ci["c/b"][1:], 1 - GOAL_C_OVER_B) and ci_settled(*ci["c/a"][1:], 1 - GOAL_C_OVER_A):
+                    break
+        cost_us = step_timing_cost_us(root)
+    best = {key: max(values) for key, values in results.items()}
+    median = {key: statistics.median(values) for key, values in results.items()}
+    goals = {"c/b": GOAL_C_OVER_B, "c/a": GOAL_C_OVER_A}
+    verdicts = {name: verdict(ci[name][1], ci[name][2], goal, 1 - goal) if name in ci else "inconclusive"
+                for name, goal in goals.items()}
+    return {"throughput": best, "median": median, "all": results, "rounds_run": len(results["c"]),
+            "step_ms": {k: samples / v * 1e3 for k, v in best.items()},
+            "ratios": overhead_ratios(best["a"], best["b"], best["c"]),
+            "median_ratios": overhead_ratios(median["a"], median["b"], median["c"]),
+            "ci95": {k: {"ratio": r, "low": lo, "high": hi} for k, (r, lo, hi) in ci.items()},
+            "verdict": verdicts, "full_recipe_fit_s": fit_s,
+            "timing_cost": best["b"] / best["b+timing"] - 1.0, "timing_cost_us": cost_us,
+            "params": sum(p.numel() for p in mlp(args.features, args.hidden, args.layers, 10).parameters()),
+            "settings": {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "max_rounds", "batch_size",
+                                                       "hidden", "layers", "features", "threads")}}
+
+
+def bench_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """The full recipe with each default piece turned off in turn, rounds interleaved: what each piece costs."""
+    samples = args.batch_size
+    variants = ["full", *PIECES]
+    throughput: dict[str, list[float]] = {v: [] for v in variants}
+    fit_s: dict[str, list[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         root.mkdir(parents=True, exist_ok=True)
         for index in range(args.rounds):
-            runs = {"a": lambda: run_plain_torch(args), "b": lambda: run_plain_lightning(args, root),
-                    "b+timing": lambda: run_plain_lightning(args, root, timing=True),
-                    "c": lambda i=index: run_full_recipe(args, root, i)}
-            for key in VARIANTS:
-                ends = runs[key]()
-                if len(ends) != args.steps:
-                    raise RuntimeError(f"variant {key} ran {len(ends)} steps, expected {args.steps}")
-                results[key].append(window_throughput(ends, samples, args.warmup))
-                console.print(f"round {index + 1}/{args.rounds} ({key}): {results[key][-1]:,.1f} samples/s, "
-                              f"{samples / results[key][-1] * 1e3:.1f} ms/step", highlight=False)
-        cost_us = step_timing_cost_us(root)
-    best = {key: max(values) for key, values in results.items()}
-    median = {key: statistics.median(values) for key, values in results.items()}
-    return {"throughput": best, "median": median, "all": results,
-            "step_ms": {k: samples / v * 1e3 for k, v in best.items()},
-            "ratios": overhead_ratios(best["a"], best["b"], best["c"]),
-            "median_ratios": overhead_ratios(median["a"], median["b"], median["c"]),
-            "timing_cost": best["b"] / best["b+timing"] - 1.0, "timing_cost_us": cost_us,
-            "params": sum(p.numel() for p in mlp(args.features, args.hidden, args.layers, 10).parameters()),
+            order = variants if index % 2 == 0 else variants[::-1]  # no piece always runs first or last
+            for variant in order:
+                without = frozenset() if variant == "full" else frozenset({variant})
+                ends, seconds = run_full_recipe(args, root, index, without)
+                throughput[variant].append(window_throughput(ends, samples, args.warmup))
+                fit_s[variant].append(seconds)
+                console.print(f"round {index + 1}/{args.rounds} (without {variant}): "
+                              f"{samples / throughput[variant][-1] * 1e3:.1f} ms/step, fit {seconds:.2f} s",
+                              highlight=False)
+    full_ms = samples / statistics.median(throughput["full"]) * 1e3
+    full_fit = statistics.median(fit_s["full"])
+    pieces = {}
+    for piece in PIECES:
+        ratio, low, high = bootstrap_ratio_ci(throughput[piece], throughput["full"])  # > 1: the piece costs
+        ms = samples / statistics.median(throughput[piece]) * 1e3
+        pieces[piece] = {"step_ms_without": ms, "step_cost_ms": full_ms - ms, "step_cost_frac": ratio - 1,
+                         "ci95": [low - 1, high - 1], "fit_cost_s": full_fit - statistics.median(fit_s[piece])}
+    return {"full_step_ms": full_ms, "full_fit_s": full_fit, "pieces": pieces,
+            "all": throughput, "fit_s": fit_s,
             "settings": {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "batch_size", "hidden",
                                                        "layers", "features", "threads")}}
+
+
+def print_ablation(figures: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"What each piece of the full recipe costs — full recipe "
+                        f"{figures['full_step_ms']:.1f} ms/step, "
+                        f"fit {figures['full_fit_s']:.2f} s (medians of {figures['settings']['rounds']} interleaved "
+                        "rounds; cost = full minus without)")
+    for column in ("piece turned off", "ms/step without", "step cost", "step cost 95% CI", "fit wall cost"):
+        table.add_column(column, justify="left" if column == "piece turned off" else "right")
+    for piece, f in figures["pieces"].items():
+        low, high = f["ci95"]
+        table.add_row(PIECES[piece], f"{f['step_ms_without']:.1f}", f"{f['step_cost_ms']:+.2f} ms",
+                      f"{low:+.1%} .. {high:+.1%}", f"{f['fit_cost_s']:+.2f} s")
+    console.print(table)
+    console.print("A step cost whose interval spans 0 is not distinguishable from noise at this many rounds.",
+                  highlight=False)
 
 
 def print_overhead(figures: dict[str, Any], console: Console) -> None:
@@ -392,6 +560,9 @@ def print_overhead(figures: dict[str, Any], console: Console) -> None:
     console.print(f"c/a = {r['c/a']:.4f} (goal >= {GOAL_C_OVER_A}: {'met' if r['c/a_ok'] else 'MISSED'})   "
                   f"c/b = {r['c/b']:.4f} (goal >= {GOAL_C_OVER_B}: {'met' if r['c/b_ok'] else 'MISSED'})   "
                   f"[medians: c/a {m['c/a']:.4f}, c/b {m['c/b']:.4f}]", highlight=False)
+    for name, c in figures.get("ci95", {}).items():
+        console.print(f"{name} (ratio of mean throughputs over {figures['rounds_run']} rounds) = {c['ratio']:.4f}, "
+                      f"95% CI {c['low']:.4f} .. {c['high']:.4f}: {figures['verdict'][name]}", highlight=False)
     step_us = figures["step_ms"]["b"] * 1e3
     console.print(f"StepTiming alone: {figures['timing_cost']:+.2%} of plain Lightning's step time here; "
                   f"measured on a trivial model it costs {figures['timing_cost_us']:.0f} us per step = "
@@ -435,6 +606,25 @@ def run_checkpointing(args: argparse.Namespace, root: Path, mode: str) -> dict[s
             "step_ms": loop_s / (args.steps - args.warmup) * 1e3}
 
 
+def copy_floor_s(args: argparse.Namespace, repeats: int = 5) -> dict[str, float]:
+    """The memory-copy floor of a consistent snapshot: ``copy_`` of the benchmark's state into buffers
+    allocated beforehand (median of ``repeats``), and ``clone()`` of it, for comparison."""
+    state = [p.detach() for p in BenchModule(args.features, args.hidden, args.layers, optimizer="sgd").parameters()]
+    buffers = [torch.empty_like(t) for t in state]
+    copies, clones = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for buffer, tensor in zip(buffers, state, strict=True):
+            buffer.copy_(tensor)
+        copies.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        cloned = [t.clone() for t in state]
+        clones.append(time.perf_counter() - started)
+        del cloned
+    return {"copy_s": statistics.median(copies), "clone_s": statistics.median(clones),
+            "bytes": float(sum(t.numel() * t.element_size() for t in state))}
+
+
 def bench_checkpoint(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"none": [], "sync": [], "async": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -456,7 +646,8 @@ def bench_checkpoint(args: argparse.Namespace, console: Console) -> dict[str, An
         stall = checkpoint_stall(blocked, loop, baseline)
         stall["effective_s"] = (loop - baseline) / per_round  # per save of one round
         stalls[mode] = stall
-    return {"stalls": stalls, "ratio": async_over_sync(stalls["sync"], stalls["async"]),
+    floor = copy_floor_s(args)
+    return {"stalls": stalls, "ratio": async_over_sync(stalls["sync"], stalls["async"]), "floor": floor,
             "state_mb": runs["sync"][0]["state_bytes"] / 1e6, "baseline_step_ms": baseline /
             (args.steps - args.warmup) * 1e3,
             "settings": {k: getattr(args, k) for k in ("steps", "warmup", "every", "rounds", "batch_size",
@@ -474,8 +665,91 @@ def print_checkpoint(figures: dict[str, Any], console: Console) -> None:
                       f"{s['blocked_max_s'] * 1e3:.1f} ms", f"{s['effective_s'] * 1e3:.1f} ms")
     console.print(table)
     r = figures["ratio"]
+    f = figures.get("floor")
+    if f:
+        console.print(f"memory-copy floor (same state, same run): copy_ into a preallocated buffer "
+                      f"{f['copy_s'] * 1e3:.1f} ms ({f['bytes'] / f['copy_s'] / 1e9:.1f} GB/s), clone() "
+                      f"{f['clone_s'] * 1e3:.1f} ms; async blocked stall / floor = "
+                      f"{figures['stalls']['async']['blocked_s'] / f['copy_s']:.2f}x", highlight=False)
     console.print(f"async / sync: blocked {r['blocked_ratio']:.1%} (goal <= {GOAL_ASYNC_OVER_SYNC:.0%}: "
                   f"{'met' if r['ok'] else 'MISSED'}), effective {r['effective_ratio']:.1%}", highlight=False)
+
+
+# ------------------------------------------------------------------- CPU contention
+#: Thread settings compared by ``contention``: (name, torch threads or None for torch's default, OMP_WAIT_POLICY).
+CONTENTION_SETTINGS = (("threads=all, active (torch's default)", None, None),
+                       ("threads=all, passive", None, "PASSIVE"),
+                       ("threads=1", 1, None))
+_BUSY_LOOP = "while True:\n    pass\n"
+
+
+def contention_worker(steps: int, warmup: int, threads: int | None) -> float:
+    """Median ms per step of the default digits recipe's model and data (plain Lightning, this process)."""
+    from datamodules.digits import DigitsDataModule
+    from recipes.classifier import ImageClassifier
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    torch.manual_seed(42)
+    watch = Stopwatch()
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      limit_val_batches=0, callbacks=[watch])
+    trainer.fit(ImageClassifier(num_classes=10, in_channels=1, width=32, dropout=0.1),
+                datamodule=DigitsDataModule(batch_size=32))
+    gaps = [b - a for a, b in itertools.pairwise(watch.ends[warmup - 1:])]
+    return statistics.median(gaps) * 1e3
+
+
+def _run_worker(args: argparse.Namespace, threads: int | None, policy: str | None) -> float:
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    if policy:
+        env["OMP_WAIT_POLICY"] = policy  # read by OpenMP when torch starts: a fresh process per setting
+    command = [sys.executable, "-m", "recipes.bench", "_contention_worker", "--steps", str(args.steps),
+               "--warmup", str(args.warmup)] + (["--worker-threads", str(threads)] if threads else [])
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=600)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench_contention(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """Each thread setting quiet and beside one busy-loop process, rounds interleaved (medians)."""
+    import subprocess
+
+    figures: dict[str, dict[str, list[float]]] = {name: {"quiet": [], "contended": []}
+                                                 for name, _, _ in CONTENTION_SETTINGS}
+    for index in range(args.rounds):
+        for name, threads, policy in CONTENTION_SETTINGS:
+            figures[name]["quiet"].append(_run_worker(args, threads, policy))
+            hog = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP])
+            try:
+                figures[name]["contended"].append(_run_worker(args, threads, policy))
+            finally:
+                hog.kill()
+                hog.wait()
+            console.print(f"round {index + 1}/{args.rounds} ({name}): quiet {figures[name]['quiet'][-1]:.1f} ms/step, "
+                          f"contended {figures[name]['contended'][-1]:.1f} ms/step", highlight=False)
+    today = statistics.median(figures[CONTENTION_SETTINGS[0][0]]["quiet"])
+    rows = {}
+    for name, f in figures.items():
+        quiet, contended = statistics.median(f["quiet"]), statistics.median(f["contended"])
+        rows[name] = {"quiet_ms": quiet, "contended_ms": contended, "ratio": contended / quiet,
+                      "quiet_vs_today": quiet / today, "all": f,
+                      "ok": contended / quiet <= 2.0 and quiet / today <= 1.10}
+    return {"settings": rows, "cores": os.cpu_count(), "steps": args.steps, "rounds": args.rounds}
+
+
+def print_contention(figures: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"Digits recipe step, quiet vs beside one busy-loop process ({figures['cores']} cores, "
+                        f"medians of {figures['rounds']} rounds)")
+    for column in ("setting", "quiet ms/step", "contended ms/step", "contended / quiet", "quiet vs today", "goal"):
+        table.add_column(column, justify="left" if column == "setting" else "right")
+    for name, r in figures["settings"].items():
+        table.add_row(name, f"{r['quiet_ms']:.1f}", f"{r['contended_ms']:.1f}", f"{r['ratio']:.2f}x",
+                      f"{r['quiet_vs_today']:.2f}x", "met" if r["ok"] else "missed")
+    console.print(table)
+    console.print("Goal: contended <= 2x quiet, quiet within 10% of torch's default.", highlight=False)
 
 
 # --------------------------------------------------------------------------------- main
@@ -489,7 +763,15 @@ def build_parser() -> argparse.ArgumentParser:
     over.add_argument("--steps", type=int, default=40, help="optimizer steps per variant and round, warm-up included")
     over.add_argument("--warmup", type=int, default=10, help="steps before the throughput window opens")
     over.add_argument("--rounds", type=int, default=3,
-                      help="rounds of all variants, interleaved; the best round of each is compared")
+                      help="rounds of all variants, interleaved (at least this many; the best round of each is "
+                           "shown, the bootstrap CI of the mean ratio decides)")
+    over.add_argument("--max-rounds", dest="max_rounds", type=int, default=15,
+                      help="keep adding rounds until the 95%% CIs of c/b and c/a are narrower than the goals' "
+                           "margins (1%%, 5%%), or this many rounds: then the verdict says 'inconclusive'")
+    over.add_argument("--ablate", action="store_true",
+                      help="instead: the full recipe with each default piece (MLflow, system metrics, progress "
+                           "bar, spot, cost, checkpointing, baselines, manifest, model logging, StepTiming) "
+                           "turned off in turn, --rounds interleaved rounds; prints what each costs")
     over.add_argument("--batch-size", dest="batch_size", type=int, default=256, help="samples per step")
     over.add_argument("--features", type=int, default=1024, help="input features of the MLP")
     over.add_argument("--hidden", type=int, default=1536, help="width of the MLP's hidden layers")
@@ -510,6 +792,19 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_argument("--layers", type=int, default=2, help="hidden layers of the MLP (the checkpointed state)")
     chaos.add_arguments(sub.add_parser("chaos", help="seeded random faults on one digits run, relaunched after "
                                                      "each, then checked (see recipes/chaos.py)"))
+    cont = sub.add_parser("contention", help="the digits recipe's step quiet and beside a busy process, per "
+                                             "CPU thread setting", formatter_class=_Help,
+                          description="Single-process step time of the default digits recipe, quiet and beside one "
+                                      "CPU-bound busy loop, for torch's default threads (active wait), the same "
+                                      "with OMP_WAIT_POLICY=PASSIVE, and one thread.")
+    cont.add_argument("--steps", type=int, default=60, help="optimizer steps per run, warm-up included")
+    cont.add_argument("--warmup", type=int, default=10, help="steps before the timed window")
+    cont.add_argument("--rounds", type=int, default=3, help="rounds of every setting, interleaved; medians shown")
+    cont.add_argument("--json", action="store_true", help="print the figures as JSON")
+    worker = sub.add_parser("_contention_worker")  # one setting in a fresh process (internal)
+    worker.add_argument("--steps", type=int, default=60)
+    worker.add_argument("--warmup", type=int, default=10)
+    worker.add_argument("--worker-threads", dest="worker_threads", type=int, default=None)
     for p in (over, ckpt):
         p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
         p.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)")
@@ -522,6 +817,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "chaos":
             return chaos.main(args)
+        if args.command == "_contention_worker":
+            logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+            warnings.filterwarnings("ignore")
+            print(contention_worker(args.steps, args.warmup, args.worker_threads))
+            return 0
+        if args.command == "contention":
+            if args.steps <= args.warmup + 1 or args.rounds < 1 or args.warmup < 1:
+                raise UsageError("contention needs --rounds >= 1, --warmup >= 1 and --steps > --warmup + 1")
+            console = Console(stderr=args.json)
+            figures = bench_contention(args, console)
+            if args.json:
+                print(json.dumps(figures, indent=2, default=float))
+            else:
+                print_contention(figures, console)
+            return 0
         for name in ("steps", "rounds", "batch_size", "hidden", "layers", "features", "threads", "warmup"):
             if getattr(args, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
@@ -537,7 +847,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     console = Console(stderr=args.json)
-    if args.command == "overhead":
+    if args.command == "overhead" and args.ablate:
+        figures = bench_ablation(args, console)
+        printer = print_ablation
+    elif args.command == "overhead":
         figures = bench_overhead(args, console)
         printer = print_overhead
     else:

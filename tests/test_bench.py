@@ -96,8 +96,11 @@ def test_bad_input_exit_2(argv: list[str], message: str, capsys: pytest.CaptureF
 @pytest.mark.parametrize(("command", "expected"), [
     ("overhead", ["--steps STEPS optimizer steps per variant and round, warm-up included (default: 40)",
                   "--batch-size BATCH_SIZE samples per step (default: 256)",
-                  "--rounds ROUNDS rounds of all variants, interleaved; the best round of each is compared "
-                  "(default: 3)",
+                  "--rounds ROUNDS rounds of all variants, interleaved (at least this many; the best round of "
+                  "each is shown, the bootstrap CI of the mean ratio decides) (default: 3)",
+                  "--max-rounds MAX_ROUNDS keep adding rounds until the 95% CIs of c/b and c/a are narrower than "
+                  "the goals' margins (1%, 5%), or this many rounds: then the verdict says 'inconclusive' "
+                  "(default: 15)",
                   "--threads THREADS torch threads (CPU) (default: 1)"]),
     ("checkpoint", ["--every EVERY save a checkpoint every this many steps (default: 10)",
                     "--hidden HIDDEN width of the hidden layers: 2 x Linear(4096, 4096) is 134 MB of fp32 state "
@@ -119,3 +122,42 @@ def test_help_gives_every_option_a_meaning_and_its_default(command: str, expecte
         if action.default is not None and action.default is not False and action.default != argparse.SUPPRESS:
             assert f"(default: {action.default})" in text, action.option_strings
     assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_bootstrap_ratio_ci_by_hand() -> None:
+    from recipes.bench import bootstrap_ratio_ci
+
+    # identical ratios in every round: the interval is the point
+    assert bootstrap_ratio_ci([2.0, 2.0, 2.0], [1.0, 1.0, 1.0]) == (2.0, 2.0, 2.0)
+    # two rounds, seed 1, 10 resamples: random.Random(1) draws the index pairs
+    # 00 10 11 11 00 10 11 01 10 01 -> ratios 1 2 3 3 1 2 3 2 2 2 -> sorted 1 1 2 2 2 2 2 3 3 3
+    assert bootstrap_ratio_ci([1.0, 3.0], [1.0, 1.0], resamples=10, seed=1) == (2.0, 1.0, 3.0)
+    assert bootstrap_ratio_ci([1.0, 3.0], [1.0, 1.0], level=0.6, resamples=10, seed=1) == (2.0, 2.0, 3.0)
+    # the same seed gives the same interval
+    a = bootstrap_ratio_ci([100.0, 110.0, 105.0, 98.0], [100.0, 100.0, 104.0, 99.0], seed=3)
+    assert a == bootstrap_ratio_ci([100.0, 110.0, 105.0, 98.0], [100.0, 100.0, 104.0, 99.0], seed=3)
+    assert a[0] == pytest.approx(413 / 403, rel=1e-12) and a[1] <= a[0] <= a[2]
+    with pytest.raises(ValueError, match="paired"):
+        bootstrap_ratio_ci([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="> 0"):
+        bootstrap_ratio_ci([1.0, 0.0], [1.0, 1.0])
+
+
+def test_verdict_and_settling() -> None:
+    from recipes.bench import ci_settled, verdict
+
+    assert verdict(0.992, 0.998, goal=0.99, margin=0.01) == "met"
+    assert verdict(0.990, 0.995, goal=0.99, margin=0.01) == "met"  # on the goal counts as met
+    assert verdict(0.950, 0.958, goal=0.99, margin=0.01) == "missed"
+    assert verdict(0.985, 0.994, goal=0.99, margin=0.01) == "inconclusive"  # straddles the goal
+    assert verdict(0.995, 1.030, goal=0.99, margin=0.01) == "inconclusive"  # wider than the margin
+    assert ci_settled(0.990, 0.9999, 0.01) and not ci_settled(0.98, 0.99, 0.01)
+
+
+def test_ablation_pieces_and_flags() -> None:
+    from recipes.bench import PIECES
+
+    assert set(PIECES) == {"mlflow", "system_metrics", "progress_bar", "spot", "cost", "checkpointing",
+                           "baselines", "manifest", "log_model", "timing"}
+    args = build_parser().parse_args(["overhead", "--ablate", "--rounds", "2", "--max-rounds", "4"])
+    assert (args.ablate, args.rounds, args.max_rounds) == (True, 2, 4)
