@@ -1,0 +1,96 @@
+"""The README's commands, run in order as a newcomer would, on a fresh run root.
+
+Each command is taken from the README verbatim (the test fails if the README no longer has it),
+with the short settings the README's Tests section names appended (fewer epochs or steps), and
+placeholders (``<run>``, ``<run id or run dir>``) filled from the runs made before. For every command:
+the documented exit code, no traceback, no line repeated more than twice, no path cut with ``…``,
+and at most ``WARNING_BUDGET`` warning lines.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli_env
+
+pytestmark = pytest.mark.e2e
+
+README = (REPO / "README.md").read_text()
+SHORT = ["--trainer.max_epochs", "2"]
+#: Warning lines a command may print (Lightning's "GPU available" lines are not warnings).
+WARNING_BUDGET = 3
+_WARNING = re.compile(r"warn|deprecat|^\S+\.py:\d+: ", re.IGNORECASE)
+
+# (the command as the README prints it, short settings appended here, the exit code the README documents)
+SCRIPT: list[tuple[str, list[str], int]] = [
+    ("python -m recipes.fit --config configs/digits.yaml", [], 0),  # the first command, as is: promote needs it
+    ("python -m recipes.fit --config configs/digits.yaml --trainer.max_epochs 5 --run_name short", [], 0),
+    ("python -m recipes.fit --config configs/digits.yaml --config configs/strategy/ddp.yaml", SHORT, 0),
+    ("python -m recipes.fit --config configs/digits.yaml --config configs/precision/bf16-mixed.yaml", SHORT, 0),
+    ("python -m recipes.fit --config configs/digits.yaml --print_config", [], 0),
+    ("python -m recipes.fit --config configs/digits.yaml --spot.every_minutes auto --spot.interruption_rate 0.05",
+     SHORT, 0),
+    ("python -m recipes.fit --config configs/digits.yaml --cost.instance a3-highgpu-1g --cost.market spot", SHORT, 0),
+    # no network here (and a closed proxy in the test): the README says a missing data folder is exit 2
+    ("python -m recipes.fit --config configs/digits.yaml --experiment mnist --data datamodules.vision.MNISTDataModule "
+     "--data.init_args.root data/ --model.init_args.in_channels 1", SHORT, 2),
+    ("python -m recipes.fit --config configs/gpt.yaml", ["--trainer.max_steps", "20", "--run_name", "gpt"], 0),
+    ('python -m recipes.sample --ckpt runs/gpt/<run>/checkpoints/step=00000300.ckpt --prompt "def "', [], 0),
+    ("python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance a3-highgpu-1g", [], 0),
+    ("python -m recipes.plan --run <run id or run dir> --instance a3-highgpu-8g --interruption-rate 0.05", [], 0),
+    ("python -m recipes.comm --params 1.5e9 --bytes-per-param 4 --bandwidth-gbps 100 --workers 2,8,64", [], 0),
+    ("python -m recipes.compare --experiment digits", [], 0),
+    ("python -m recipes.promote --experiment digits --metric val/acc --mode max", [], 0),
+]
+
+
+def readme_has(command: str) -> bool:
+    """Whether the README shows ``command`` (line continuations and runs of spaces folded)."""
+    folded = re.sub(r"\s*\\\n\s*", " ", README)
+    return " ".join(command.split()) in " ".join(folded.split()) or command in folded
+
+
+def fill(command: str, workdir: Path) -> list[str]:
+    """The command's argv with its placeholders filled from the runs already made."""
+    if "<run>" in command:
+        steps = sorted((workdir / "runs/gpt/gpt/checkpoints").glob("step=*.ckpt"))
+        assert steps, "the GPT run left no checkpoint"
+        command = command.replace("runs/gpt/<run>/checkpoints/step=00000300.ckpt", str(steps[-1]))
+    command = command.replace("<run id or run dir>", "runs/digits/short")
+    argv = shlex.split(command)
+    assert argv[0] == "python"
+    return [sys.executable, *argv[1:]]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh folder that looks like the repository's root to the commands (configs/ in place)."""
+    path = tmp_path_factory.mktemp("readme")
+    (path / "configs").symlink_to(REPO / "configs")
+    return path
+
+
+@pytest.mark.parametrize(("command", "extra", "code"), SCRIPT, ids=[c.split("recipes.")[1][:60] for c, _, _ in SCRIPT])
+def test_readme_command(workdir: Path, command: str, extra: list[str], code: int) -> None:
+    assert readme_has(command), f"the README no longer shows: {command}"
+    env = cli_env(workdir, http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9", COLUMNS="100")
+    result = subprocess.run([*fill(command, workdir), *extra], cwd=workdir, env=env, capture_output=True,
+                            text=True, timeout=900)
+    output = result.stdout + result.stderr
+    assert result.returncode == code, output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+    rules = set("─━│┃┏┓┗┛┡┩└┘┌┐├┤╇╈┼ ")  # table borders repeat by design
+    lines = [line.strip() for line in output.splitlines() if set(line.strip()) - rules]
+    if "--print_config" in command:  # a YAML document repeats its keys (init_args:) by design
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    repeated = {line for line in lines if lines.count(line) > 2}
+    assert not repeated, repeated
+    assert not [line for line in lines if "…" in line and ("/" in line or "runs" in line)], output[-4000:]
+    warnings = [line for line in result.stderr.splitlines() if _WARNING.search(line)]
+    assert len(warnings) <= WARNING_BUDGET, warnings
