@@ -777,7 +777,10 @@ class Soak:
         first = self.start(fault.run_name, "double-a")
         second = self.start(fault.run_name, "double-b")
         pair = [first, second]
-        self.strike(fault, pair, self.moment(plan, pair),
+        # the fault is the second launch: strike only once one of the pair has answered (a refusal), since on a
+        # loaded machine the imports alone can outlast the planned moment and a signal would pre-empt the refusal
+        self.wait_until(pair, self.args.launch_timeout, until=lambda: not all(x.alive() for x in pair))
+        self.strike(fault, pair, max(self.moment(plan, pair), first.elapsed()),
                     lambda: [x.send(signal.SIGTERM) for x in pair if x.alive()])
         for launch in pair:
             self.end(launch, self.args.launch_timeout)
