@@ -214,6 +214,9 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         inner = self.checkpoint_io
 
         def remove() -> None:
+            if self._error is not None:  # a save before it failed (a full disk): its predecessor must stay
+                log.warning("Kept checkpoint %s: the save meant to replace it failed (%s).", path, self._error)
+                return
             try:
                 inner.remove_checkpoint(path)
             except Exception as err:

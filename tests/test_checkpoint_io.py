@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -66,6 +67,28 @@ def test_the_replaced_checkpoint_is_removed_only_after_its_successor_is_written(
     inner.release.set()
     io.teardown()
     assert inner.events == ["start best-new", "end best-new", "remove best-old"]
+
+
+class FullDiskIO(GatedIO):
+    """The disk is full: every save fails with ENOSPC (after the gate)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        super().save_checkpoint(checkpoint, path, storage_options)
+        raise OSError(errno.ENOSPC, f"could not write checkpoint {path} (No space left on device)")
+
+
+def test_a_best_checkpoint_whose_successor_failed_to_save_is_kept() -> None:
+    """Found by the chaos soak: a full disk failed the new best's save, then its queued removal of the old best
+    ran anyway, leaving the run without a best checkpoint."""
+    inner = FullDiskIO()
+    io = BoundedAsyncCheckpointIO(inner)
+    io.save_checkpoint({"w": torch.zeros(2)}, "best-new")
+    io.remove_checkpoint("best-old")
+    inner.release.set()
+    with pytest.raises(OSError) as err:
+        io.teardown()
+    assert err.value.errno == errno.ENOSPC
+    assert inner.events == ["start best-new", "end best-new"]  # no "remove best-old"
 
 
 def test_saves_that_keep_up_never_wait(tmp_path: Path) -> None:
