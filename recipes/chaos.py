@@ -1187,7 +1187,19 @@ def main(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    logging.getLogger("callbacks.ckpt_store").setLevel(logging.ERROR)
+    # the soak reads checkpoints it corrupted itself: their warnings are expected (restored afterwards, so a caller
+    # in the same process, a test suite, keeps its logging)
+    ckpt_log = logging.getLogger("callbacks.ckpt_store")
+    previous = ckpt_log.level
+    ckpt_log.setLevel(logging.ERROR)
+    try:
+        return _soak(args)
+    finally:
+        ckpt_log.setLevel(previous)
+
+
+def _soak(args: argparse.Namespace) -> int:
+    """The soak itself (see :func:`main`)."""
     temporary = args.workdir is None
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="atscale-chaos-")
     console = Console()
