@@ -25,7 +25,7 @@ segment they fall in and reported on its own, per event.
 Communication (DDP): a communication hook wraps torch's own (``allreduce_hook``, or
 ``fp16_compress_hook``, ``bf16_compress_hook``, ``powerSGD_hook`` with ``comm_hook=``) and is
 registered on the DDP-wrapped model at train start (Lightning's ``DDPStrategy(ddp_comm_hook=)``
-ignores hooks unless the device is CUDA), as one wrapper of :mod:`callbacks.comm_hooks`' composed
+ignores hooks unless the device is CUDA), as one wrapper of :mod:`callbacks.utils.comm_hooks`' composed
 hook, so that GradientNoiseScale can watch the same buckets. Each bucket's all-reduce is timed from the hook call
 to its future's completion (``fut.then``). DDP calls a bucket's hook as soon as the bucket's
 gradients are ready, so the *last* hook call marks the end of the backward's compute; the
@@ -36,7 +36,7 @@ all-reduce was in flight (the union of the buckets' intervals), overlapped or no
 PowerSGD bucket is finished before the next starts (torch's PowerSGD issues its second and third
 all-reduce from gloo's callback thread, which otherwise races the next bucket's all-reduce: ranks
 disagree on the order and hang or abort); NCCL runs callbacks inline and needs no such care.
-The ring all-reduce model of :mod:`callbacks.comm_model` is calibrated on the real process
+The ring all-reduce model of :mod:`callbacks.analysis.comm` is calibrated on the real process
 group at train start (``measure_allreduce`` over 4 KiB-16 MiB, well under a second) and predicts
 each step's communication from the bytes the hook sent (one all-reduce per bucket; PowerSGD's two
 or three all-reduces per bucket are counted as one, so its prediction is optimistic by their
@@ -52,7 +52,7 @@ rank). Amdahl's ``s`` is a fraction of *one* device's time; measured on ``W`` de
 part would take ``W`` times longer on one, it is ``s = share / (share + W (1 - share))``
 (:func:`amdahl_serial_fraction`; equal to the share when ``W = 1``, and it makes Amdahl's ``C(W)``
 equal to ``W - share (W - 1)``, the speedup of this very run). Amdahl's law
-(:func:`callbacks.scaling_laws.amdahl_speedup`) turns ``s`` into predicted speedups at N = 2 ... 64.
+(:func:`callbacks.analysis.scaling.amdahl_speedup`) turns ``s`` into predicted speedups at N = 2 ... 64.
 
 Clocks: on CUDA every boundary is a CUDA event (host timers misreport asynchronous GPU work;
 events are resolved once per logging window, one synchronize per window); on CPU the wall clock
@@ -111,9 +111,9 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks.comm_hooks import add_comm_hook_wrapper
-from callbacks.comm_model import LinkModel, calibrate, measure_allreduce
-from callbacks.scaling_laws import amdahl_speedup
+from .analysis.comm import LinkModel, calibrate, measure_allreduce
+from .analysis.scaling import amdahl_speedup
+from .utils.comm_hooks import add_comm_hook_wrapper
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -433,7 +433,7 @@ class StepTiming(Callback):
     def _register_hook(self, ddp: torch.nn.parallel.DistributedDataParallel) -> bool:
         """Time every bucket's communication: a wrapper in the DDP module's composed hook; False if impossible.
 
-        The wrapper joins :func:`callbacks.comm_hooks.add_comm_hook_wrapper`'s chain, so other callbacks
+        The wrapper joins :func:`callbacks.utils.comm_hooks.add_comm_hook_wrapper`'s chain, so other callbacks
         (GradientNoiseScale) can observe the same buckets; StepTiming chooses the base hook (compression).
         """
         if getattr(ddp, "_atscale_timed_hook", False):

@@ -310,7 +310,7 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
         trainer.fit(_tiny_ddp_model())
         results[hook] = {"steps": timer.steps, "totals": timer.totals, "link": timer.link is not None,
                          "mode": timer.comm_mode, "buckets": buckets.counts}
-    # StepTiming and GradientNoiseScale share DDP's single comm hook (callbacks.comm_hooks)
+    # StepTiming and GradientNoiseScale share DDP's single comm hook (callbacks.utils.comm_hooks)
     from callbacks.noise_scale import GradientNoiseScale
 
     timer = StepTiming(comm_hook="fp16", warmup_steps=2, log_every_n_steps=3, plot=False, calibrate_comm=False)

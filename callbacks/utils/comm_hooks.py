@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["HOOK_BASE_ATTR", "HOOK_CHAIN_ATTR", "CommHookWrapper", "add_comm_hook_wrapper"]
+__all__ = ["HOOK_BASE_ATTR", "HOOK_CHAIN_ATTR", "CommHookWrapper", "NoiseScaleCommHook", "add_comm_hook_wrapper"]
 
 #: Attribute of a DDP module holding the comm hook wrappers composed by :func:`add_comm_hook_wrapper`.
 HOOK_CHAIN_ATTR = "_atscale_comm_hook_chain"
@@ -81,7 +81,7 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
         existing = [getattr(hook, "__qualname__", repr(hook)) for hook, _ in getattr(ddp_module, "_comm_hooks", [])]
         if existing:
             raise RuntimeError(f"the DDP module already has the comm hook {', '.join(existing)}, registered "
-                               "without callbacks.comm_hooks.add_comm_hook_wrapper; DDP allows only one.")
+                               "without callbacks.utils.comm_hooks.add_comm_hook_wrapper; DDP allows only one.")
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         chain = []
@@ -97,3 +97,37 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
         setattr(ddp_module, HOOK_BASE_ATTR, base)
         setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, True)
     chain.append(wrapper)
+
+
+class NoiseScaleCommHook:
+    """Comm hook wrapper that sums each step's squared gradient norms before and after the all-reduce.
+
+    Use it through :func:`add_comm_hook_wrapper`; :meth:`pop` returns and resets the sums (over all
+    buckets since the last pop) as ``(local squared norm, reduced squared norm, buckets)``. The local
+    norm is this rank's; average it over ranks for the small-batch estimate.
+    """
+
+    def __init__(self) -> None:
+        self._local: list[Any] = []  # 0-d tensors on the gradients' device: no sync inside the hook
+        self._reduced: list[Any] = []
+
+    def __call__(self, bucket: dist.GradBucket,
+                 inner: Callable[[dist.GradBucket], torch.futures.Future]) -> torch.futures.Future:
+        self._local.append(bucket.buffer().detach().float().pow(2).sum())
+
+        def after(fut: torch.futures.Future) -> Any:
+            value = fut.value()
+            tensor = value[0] if isinstance(value, (list, tuple)) else value
+            self._reduced.append(tensor.detach().float().pow(2).sum())
+            return value
+
+        return inner(bucket).then(after)
+
+    def pop(self) -> tuple[float, float, int]:
+        import torch
+
+        local = float(torch.stack(self._local).sum()) if self._local else 0.0
+        reduced = float(torch.stack(self._reduced).sum()) if self._reduced else 0.0
+        buckets = len(self._local)
+        self._local, self._reduced = [], []
+        return local, reduced, buckets
