@@ -17,13 +17,22 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["HOOK_BASE_ATTR", "HOOK_CHAIN_ATTR", "CommHookWrapper", "NoiseScaleCommHook", "add_comm_hook_wrapper"]
+__all__ = ["HOOK_BASE_ATTR", "HOOK_CHAIN_ATTR", "HOOK_METER_ATTR", "CommHookWrapper", "NoiseScaleCommHook", "WireMeter",
+           "add_comm_hook_wrapper", "wire_bytes"]
 
 #: Attribute of a DDP module holding the comm hook wrappers composed by :func:`add_comm_hook_wrapper`.
 HOOK_CHAIN_ATTR = "_atscale_comm_hook_chain"
 #: Attribute of a DDP module holding the ``(hook, state)`` that communicates under the wrappers.
 HOOK_BASE_ATTR = "_atscale_comm_hook_base"
 HOOK_BASE_CHOSEN_ATTR = "_atscale_comm_hook_base_chosen"
+#: Attribute of a DDP module holding the :data:`WireMeter` of the chosen base (compression), if any.
+HOOK_METER_ATTR = "_atscale_comm_hook_meter"
+
+#: ``meter(bucket) -> bytes_sent()``: called before a bucket's communication is issued; the returned
+#: function, called after it was issued, gives the bytes the base hook put on the wire for that bucket
+#: (compression sends fewer than the bucket holds). Observers (StepTiming) read it; without a meter the
+#: bucket's own bytes are sent.
+WireMeter = Callable[["dist.GradBucket"], Callable[[], int]]
 
 #: ``wrapper(bucket, inner) -> Future``: observe or transform a bucket around ``inner(bucket)``.
 CommHookWrapper = Callable[["dist.GradBucket", Callable[["dist.GradBucket"], "torch.futures.Future"]],
@@ -49,8 +58,19 @@ def _chained_hook(ddp_module: torch.nn.parallel.DistributedDataParallel,
     return atscale_chained_comm_hook
 
 
+def wire_bytes(ddp_module: torch.nn.parallel.DistributedDataParallel, bucket: dist.GradBucket) -> Callable[[], int]:
+    """Call before a bucket's communication is issued; the result, called after, gives its bytes on the wire."""
+    meter = getattr(ddp_module, HOOK_METER_ATTR, None)
+    if meter is not None:
+        return meter(bucket)
+    buffer = bucket.buffer()
+    raw = buffer.numel() * buffer.element_size()
+    return lambda: raw
+
+
 def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel, wrapper: CommHookWrapper,
-                          base: tuple[Callable[..., torch.futures.Future], Any] | None = None) -> None:
+                          base: tuple[Callable[..., torch.futures.Future], Any] | None = None,
+                          meter: WireMeter | None = None) -> None:
     """Compose ``wrapper`` into the DDP module's single communication hook.
 
     The first caller registers a hook that runs every wrapper around a base hook that does the
@@ -63,6 +83,7 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
             future of the reduced bucket tensor (``inner(bucket).then(...)`` to see the result).
         base: ``(hook, state)`` doing the communication, e.g. ``(fp16_compress_hook, process_group)``
             or ``(powerSGD_hook, PowerSGDState(...))``; ``None`` keeps the current one.
+        meter: with ``base``: how many bytes the base sends per bucket (see :data:`WireMeter`).
 
     Raises:
         RuntimeError: if a hook that does not follow this convention is already registered, or if
@@ -96,6 +117,7 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
                                f"{base[0].__name__} cannot be used as well.")
         setattr(ddp_module, HOOK_BASE_ATTR, base)
         setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, True)
+        setattr(ddp_module, HOOK_METER_ATTR, meter)
     chain.append(wrapper)
 
 
