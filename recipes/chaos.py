@@ -120,13 +120,13 @@ from rich.table import Table
 
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE, SpotCheckpoint
 from callbacks.storage import ckpt_store
+from recipes.common import USAGE_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double_launch")
 EXPERIMENT = "digits"
 #: How many ``step=*`` checkpoints the run keeps (SpotCheckpoint's default; the soak does not change it).
 KEEP = inspect.signature(SpotCheckpoint).parameters["keep"].default
-USAGE_EXIT_CODE = 2
 INVARIANTS = ("finished", "bitwise_equal", "one_mlflow_run", "no_run_left_running", "resumed_from_newest",
               "no_checkpoint_lost", "clean_exit", "double_launch_refused", "store_usable")
 _RESUME = re.compile(r"Resuming from (\S+) \(step (\d+)")

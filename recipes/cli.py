@@ -59,25 +59,24 @@ from callbacks.storage import ckpt_store, remote_store
 from callbacks.storage.remote_store import RemoteCheckpoints, StoreError
 from callbacks.timing import StepTiming
 from recipes import tracking
+from recipes.common import (
+    ENV_CKPT_PATH,
+    ENV_MLFLOW_RUN_ID,
+    ENV_PARENT_RUN_ID,
+    ENV_RUN_NAME,
+    ENV_RUN_TAGS,
+    SIGINT_EXIT_CODE,
+    USAGE_EXIT_CODE,
+    UsageError,
+    check_tracking_server,
+)
 from recipes.run_lock import RunLock, RunLocked
 from recipes.tracking import DEFAULT_TRACKING_URI, RUN_DIR_TAG, TrackingError, redact  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
-#: Set by the launching process so the ranks Lightning starts agree on the run.
-ENV_RUN_NAME = "ATSCALE_RUN_NAME"
-ENV_CKPT_PATH = "ATSCALE_CKPT_PATH"
-ENV_MLFLOW_RUN_ID = "ATSCALE_MLFLOW_RUN_ID"
-#: JSON object of tags for a new MLflow run (kept out of config.yaml, e.g. ``reproduces=<run id>``).
-ENV_RUN_TAGS = "ATSCALE_RUN_TAGS"
-#: Set by ``recipes.scale``: the sweep's parent MLflow run, under which this run nests.
-ENV_PARENT_RUN_ID = "ATSCALE_MLFLOW_PARENT_RUN_ID"
 #: MLflow's worker threads for async logging (read when its queue starts).
 ASYNC_LOGGING_THREADS_ENV = "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"
-#: Exit status for bad input (as jsonargparse uses for parse errors).
-USAGE_EXIT_CODE = 2
-#: Exit status after SIGINT (Ctrl-C), as shells report it.
-SIGINT_EXIT_CODE = 130
 _MAX_PARAM_LENGTH = 6000
 #: Config keys that may change when a run is resumed: they take effect (and are recorded as
 #: ``config_changed.*`` tags). Any other change would be ignored by the restored training state.
@@ -90,10 +89,6 @@ RESUMABLE_CHANGES = (
 )
 #: Errors of the machine rather than of the input: reported in one line, exit code 1.
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
-
-
-class UsageError(Exception):
-    """Bad input, reported as one line and exit code 2."""
 
 
 class AlreadyComplete(Exception):
@@ -176,14 +171,6 @@ def run_tags() -> dict[str, str] | None:
     if os.environ.get(ENV_PARENT_RUN_ID):
         tags["mlflow.parentRunId"] = os.environ[ENV_PARENT_RUN_ID]
     return tags or None
-
-
-def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
-    """Fail early (``UsageError``) when an HTTP tracking server does not answer its health endpoint."""
-    try:
-        tracking.check_server(uri, timeout)
-    except TrackingError as err:
-        raise UsageError(str(err)) from None
 
 
 def apply_cpu_threads(setting: str) -> None:

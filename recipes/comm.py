@@ -25,31 +25,22 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from callbacks.analysis.comm import bytes_per_element, compression_table, gbps_to_bytes_per_s
+from recipes.common import ArgumentParser, UsageError
 
 PROG = "python -m recipes.comm"
 
 
-class _UsageError(Exception):
-    """A bad command-line value; its message is printed as one line on stderr."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
-
-
 def _number(flag: str, text: str, *, minimum: float = 0.0, strict: bool = False) -> float:
-    """Parse a finite number >= (or >) ``minimum`` for ``flag``, or raise _UsageError naming it."""
+    """Parse a finite number >= (or >) ``minimum`` for ``flag``, or raise UsageError naming it."""
     try:
         value = float(text)
     except ValueError:
-        raise _UsageError(f"{flag}: {text!r} is not a number") from None
+        raise UsageError(f"{flag}: {text!r} is not a number") from None
     op = ">" if strict else ">="
     if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
-        raise _UsageError(f"{flag}: {text!r} must be a finite number {op} {minimum:g}")
+        raise UsageError(f"{flag}: {text!r} must be a finite number {op} {minimum:g}")
     return value
 
 
@@ -61,9 +52,9 @@ def _workers(text: str) -> list[int]:
         try:
             value = int(item)
         except ValueError:
-            raise _UsageError(f"--workers: {item!r} is not an integer (expected e.g. 2,8,64)") from None
+            raise UsageError(f"--workers: {item!r} is not an integer (expected e.g. 2,8,64)") from None
         if value < 1:
-            raise _UsageError(f"--workers: {item!r} must be >= 1")
+            raise UsageError(f"--workers: {item!r} must be >= 1")
         out.append(value)
     return out
 
@@ -76,7 +67,7 @@ def _bytes_per_param(text: str) -> float:
         try:
             return float(bytes_per_element(text))
         except ValueError:
-            raise _UsageError(
+            raise UsageError(
                 f"--bytes-per-param: {text!r} is neither a number nor a dtype (fp32, fp16, bf16)"
             ) from None
     return _number("--bytes-per-param", text, strict=True)
@@ -88,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The parser.
     """
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--params", required=True, help="number of parameters, e.g. 1.5e9")
     parser.add_argument(
         "--bytes-per-param", default="4", help="bytes per gradient element or dtype name (default 4 = fp32)"
@@ -157,8 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers = _workers(args.workers)
         ratio = _number("--powersgd-ratio", args.powersgd_ratio, strict=True)
         if ratio > 1:
-            raise _UsageError(f"--powersgd-ratio: {args.powersgd_ratio!r} must be in (0, 1]")
-    except _UsageError as err:
+            raise UsageError(f"--powersgd-ratio: {args.powersgd_ratio!r} must be in (0, 1]")
+    except UsageError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
 

@@ -78,6 +78,7 @@ from callbacks.analysis.cost import expected_run
 from callbacks.analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from callbacks.analysis.scaling import amdahl_speedup, usl_speedup
 from callbacks.storage import ckpt_store
+from recipes.common import SERIAL_KEY, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -598,7 +599,6 @@ def write_plot(result: PlanResult, path: str | Path) -> Path:
 
 STEP_MEAN_KEY = "time/mean/step_s"
 STEP_WINDOW_KEY = "time/step_s"
-SERIAL_KEY = "amdahl/serial_fraction"
 SCALE_SERIAL_KEY = "scale/amdahl_serial_fraction"
 SCALE_USL_KEYS = ("scale/usl_a", "scale/usl_b")
 BEST_LAW_TAG = "atscale.best_law"
@@ -640,9 +640,7 @@ def _tracking_client() -> tuple[MlflowClient, str]:
     """A client on ``MLFLOW_TRACKING_URI`` (else the CLI's default); mlflow is imported only here."""
     import mlflow
 
-    from recipes.cli import DEFAULT_TRACKING_URI
-
-    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    uri = tracking_uri()
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         raise ValueError(f"no MLflow store at {uri}: set MLFLOW_TRACKING_URI to the store that tracked the run.")
     return mlflow.MlflowClient(tracking_uri=uri), uri

@@ -21,10 +21,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recipes.common import USAGE_EXIT_CODE
+
 if TYPE_CHECKING:
     from recipes.gpt import GPT
 
-USAGE_EXIT_CODE = 2
 
 
 def load_gpt(path: Path, map_location: str = "cpu") -> GPT:

@@ -42,7 +42,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -60,28 +60,24 @@ from callbacks.analysis.scaling import (
     usl_speedup,
 )
 from callbacks.storage.remote_store import StoreError, check_writable, is_remote
-from recipes import cli
-from recipes.cli import DEFAULT_TRACKING_URI, USAGE_EXIT_CODE
+from recipes.common import (
+    ENV_PARENT_RUN_ID,
+    SERIAL_KEY,
+    STEP_KEY,
+    THROUGHPUT_KEY,
+    USAGE_EXIT_CODE,
+    ArgumentParser,
+    UsageError,
+    check_tracking_server,
+    find_run,
+    tracking_uri,
+)
 
 PROG = "python -m recipes.scale"
-#: Env var naming the parent MLflow run for a child (the CLI may read it; the tag is also set after).
-ENV_PARENT_RUN_ID = "ATSCALE_MLFLOW_PARENT_RUN_ID"
-THROUGHPUT_KEY = "time/mean/samples_per_s"
-SERIAL_KEY = "amdahl/serial_fraction"
-STEP_KEY = "time/mean/step_s"
-
-
-class UsageError(Exception):
-    """Bad command-line input: one line on stderr, exit code 2."""
 
 
 class ChildFailed(Exception):
     """A training run of the sweep failed."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
 
 
 class _RunsRoot(argparse.Action):
@@ -327,14 +323,6 @@ def child_command(configs: Sequence[str], devices: int, batch: int | None, args:
     return [*cmd, *extra]
 
 
-def _find_run(client: mlflow.MlflowClient, experiment: str, run_name: str) -> Any:
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.runName = '{run_name}'")
-    return runs[0] if runs else None
-
-
 def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) -> ScaleResult:
     """Train at each device count, tag the children under a parent run, fit and report."""
     devices = parse_devices(args.devices)
@@ -358,20 +346,18 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
         batch = int(batch)
         for n in devices:
             per_device_batch(args.mode, batch, n)  # fail before training anything
-    tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    uri = tracking_uri()
+    check_tracking_server(uri)
     try:
-        cli.check_tracking_server(tracking_uri)
         if is_remote(args.runs_root):  # before the sweep's parent run exists
             check_writable(args.runs_root)
-    except cli.UsageError as err:
-        raise UsageError(str(err)) from None
     except StoreError as err:
         raise UsageError(f"{args.runs_root_flag} {err}") from None
     # the sweep's own outputs stay local when the runs live in object storage (they are logged to MLflow)
     out_root = Path("runs") if is_remote(args.runs_root) else Path(args.runs_root)
     out_dir = Path(args.out or out_root / experiment / f"scale-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
     parent = client.create_run(experiment_id, run_name=out_dir.name,
@@ -383,7 +369,7 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
         "configs": ",".join(configs), "extra_args": " ".join(extra)}.items()])
     add_timing = not configs_have_step_timing(configs)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATSCALE_")}
-    env.update({"MLFLOW_TRACKING_URI": tracking_uri, ENV_PARENT_RUN_ID: parent_id, "PYTHONUNBUFFERED": "1"})
+    env.update({"MLFLOW_TRACKING_URI": uri, ENV_PARENT_RUN_ID: parent_id, "PYTHONUNBUFFERED": "1"})
     if kind == "CPU cores":  # a CPU "device" is one process on one core
         env.setdefault("OMP_NUM_THREADS", "1")
     points: list[Point] = []
@@ -402,7 +388,7 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
             if code != 0:
                 tail = "".join(log_path.read_text().splitlines(keepends=True)[-25:])
                 raise ChildFailed(f"N={n}: recipes.fit exited with {code} (log {log_path}):\n{tail}")
-            run = _find_run(client, experiment, name)
+            run = find_run(client, [experiment_id], name)
             if run is None:
                 raise ChildFailed(f"N={n}: no MLflow run named {name!r} in experiment {experiment!r}")
             client.set_tag(run.info.run_id, "mlflow.parentRunId", parent_id)
@@ -445,7 +431,7 @@ def run_from_csv(args: argparse.Namespace, console: Console) -> ScaleResult:
     result.notes.append(f"Fitted to the measurements in {args.from_csv} (no training here).")
     write_outputs(result)
     if not args.no_mlflow:
-        client = mlflow.MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI))
+        client = mlflow.MlflowClient(tracking_uri=tracking_uri())
         exp = client.get_experiment_by_name(experiment)
         experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
         run = client.create_run(experiment_id, run_name=out_dir.name, tags={"atscale.kind": "scale-fit"})
@@ -602,7 +588,7 @@ def print_report(result: ScaleResult, console: Console) -> None:
 
 # -------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--config", action="append", help="recipe YAML (repeatable, as for recipes.fit)")
     parser.add_argument("--devices", default="1,2", help="device counts to run, comma-separated, incl. 1")
     parser.add_argument("--mode", choices=("strong", "weak"), default="strong",
