@@ -11,6 +11,8 @@ key                        meaning
 ``baseline/majority_acc``  val accuracy of always predicting the most common class
 ``baseline/linear_acc``    val accuracy of a logistic regression on the raw pixels
 =========================  ==============================================
+
+Copy with it: nothing; this file works alone.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ Example::
     trainer = Trainer(plugins=[AtomicCheckpointIO()])
     trainer = Trainer(plugins=[BoundedAsyncCheckpointIO(AtomicCheckpointIO(
         mirror=RemoteCheckpoints("s3://bucket/runs/exp/run/checkpoints", Path("runs/exp/run/checkpoints"))))])
+
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
+``storage/{ckpt_store,safe_load,remote_store}.py`` (remote_store needs fsspec).
 """
 
 from __future__ import annotations

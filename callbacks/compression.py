@@ -12,7 +12,7 @@ second and third all-reduce from the first one's callback, which gloo runs on it
 the next bucket's all-reduce (ranks then disagree on the order and hang or abort). NCCL runs
 callbacks inline and needs no such care.
 
-Copy with it: ``callbacks/utils/comm_hooks.py``.
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``utils/comm_hooks.py``.
 
 Example::
 

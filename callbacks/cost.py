@@ -55,6 +55,9 @@ key                         meaning
 ``cost/lost_steps``         optimizer steps run more than once
 ``cost/restart_s``          seconds of restart gaps billed
 ==========================  =====================================================================
+
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
+``analysis/{cost,prices}.py`` and ``analysis/prices.yaml``.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@
 MLflow's pt2 format needs). Under FSDP the parameters are sharded: the full state dict is
 gathered (a collective on every rank) into an unsharded copy of the module on rank 0 first.
 A fit that stopped on an interruption notice is not finished, so nothing is logged then.
+
+Copy with it: nothing; this file works alone.
 """
 
 from __future__ import annotations

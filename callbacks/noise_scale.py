@@ -33,6 +33,9 @@ key                           meaning
 ``noise_scale/batch_used``    the global batch per optimizer step (``B_big``)
 ``noise_scale/batch_small``   the smaller batch of the estimate (``B_small``)
 ============================  =======================================================================
+
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``analysis/noise_scale.py``,
+``utils/comm_hooks.py``.
 """
 
 from __future__ import annotations

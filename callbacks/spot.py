@@ -28,6 +28,9 @@ key                        meaning
 ``spot/notice_to_saved_s`` seconds from the notice to the checkpoint published on disk
 ``spot/lost_steps``        steps redone after a resume (work since the last checkpoint)
 =========================  ===========================================================
+
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
+``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/notices.py``, ``analysis/ckpt_interval.py``.
 """
 
 from __future__ import annotations

@@ -69,8 +69,9 @@ At train end a stacked-bar ``time_breakdown.png`` goes to the run directory (the
 directory's parent, else ``trainer.default_root_dir``) and to the MLflow run, and
 :meth:`StepTiming.summary_rows` gives rows for the CLI's end table.
 
-Copy with it: ``callbacks/analysis/{timing,scaling,comm}.py`` and
-``callbacks/utils/{comm_timer,comm_hooks,timing_plot}.py``.
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
+``analysis/{timing,scaling,comm}.py``, ``utils/{comm_timer,comm_hooks,timing_plot}.py``
+(and ``compression.py`` for the deprecated ``comm_hook`` argument).
 """
 
 from __future__ import annotations

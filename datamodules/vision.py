@@ -27,6 +27,8 @@ Config example (the ``data`` section of a recipe config)::
         download: true
         batch_size: 256
         val_fraction: 0.1      # 45,000 train / 5,000 val images
+
+Copy with it: ``datamodules/loaders.py``.
 """
 
 from __future__ import annotations
