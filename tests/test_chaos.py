@@ -150,3 +150,42 @@ def test_connection_errors_of_abandoned_transfers_are_not_printed(caplog: pytest
         gc.collect()
     (reported,) = [r for r in caplog.records if r.getMessage().startswith("Task exception was never retrieved")]
     assert reported.levelno == logging.ERROR and "a real bug" in repr(reported.exc_info[1])
+
+
+def test_bucket_outage_needs_an_object_store(capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["chaos", "--faults", "1", "--kinds", "bucket_outage"]) == 2
+    assert capsys.readouterr().err == "error: --kinds bucket_outage: bucket_outage needs --store s3\n"
+    (outage,) = plan_faults(1, ("bucket_outage",), 10)  # the e2e soak's: cut connections 8.51 s, SIGTERM inside
+    assert (outage.phase, outage.corrupt_mode, round(2 + 8 * outage.cut, 2), outage.explicit) == (
+        "training", "truncate", 8.51, True)
+
+
+@pytest.mark.e2e
+def test_soak_of_a_bucket_outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture) -> None:
+    """The bucket drops every connection for 8.5 s from early in training, with a SIGTERM 4.3 s in: the notice save
+    waits out the outage; the relaunch resumes from the newest complete checkpoint and ends bitwise equal, in the
+    bucket too."""
+    pytest.importorskip("moto")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "chaos.json"
+    code = bench.main(["chaos", "--store", "s3", "--faults", "1", "--kinds", "bucket_outage", "--seed", "10",
+                       "--epochs", "1", "--workdir", str(tmp_path / "soak"), "--out", str(out)])
+    report = json.loads(out.read_text())
+    print(capsys.readouterr().out)
+    assert report["settings"]["store"] == "s3" and set(report["invariants"]) == set(INVARIANTS)
+    (fault,) = report["faults"]
+    assert fault["kind"] == "bucket_outage" and fault["struck"], json.dumps(fault, indent=1)
+    assert {k: fault["detail"][k] for k in ("mode", "planned_s", "sigterm_during")} == {
+        "mode": "reset", "planned_s": 8.51, "sigterm_during": True}
+    assert fault["detail"]["outage_s"] >= 8.51
+    (launch,) = fault["launches"]
+    assert launch["signals"][0][0] == "SIGTERM" and launch["exit_code"] in (75, -15, 0)
+    assert not launch["traceback"]
+    (run,) = report["runs"]
+    assert run["checks"]["bucket_checkpoint"][1] == report["reference"]["final"][1]
+    assert run["checks"]["bucket_tensors_different"] == [] and run["checks"]["tensors_different"] == []
+    assert [r["status"] for r in run["checks"]["mlflow_runs"]] == ["FINISHED"]
+    failed = {name: v["problems"] for name, v in report["invariants"].items() if not v["ok"]}
+    assert failed == {}
+    assert report["ok"] is True and code == 0
