@@ -53,7 +53,15 @@ and the steps it has left):
 - ``double_launch``: the same command twice at once; the second must be refused with exit 2; the
   survivor is stopped by SIGTERM at a training-phase moment.
 
-Not covered yet: object-storage runs (``--runs_root s3://...``) and a bucket outage during one.
+- ``bucket_outage`` (``--store s3`` only): every launch's run root is ``s3://atscale-chaos/...`` on moto's S3
+  server on 127.0.0.1, reached through a proxy in the soak; at the moment the proxy fails every request, new and
+  in flight, for 2-10 s (``reset``: connections cut; ``503``: ServiceUnavailable), one time in three with a
+  SIGTERM half-way (the notice save uploads into the outage); then the bucket comes back and the launch is
+  waited for (exit 0, 75, or 2 with one ``error:`` line when the bucket was down at its start; no traceback).
+
+With ``--store s3`` every other kind runs on the object-storage run too (the staging directory is local), the
+expected resume point is what the CLI picks between the bucket and the staging directory, and two more checks
+apply: ``pointer_complete`` after every launch, and ``bitwise_equal`` on what the bucket's pointer names.
 
 Invariants (each fault's problems name the one they break; the exit status is 1 if any breaks):
 
@@ -80,6 +88,8 @@ Invariants (each fault's problems name the one they break; the exit status is 1 
 - ``double_launch_refused``: one of two simultaneous launches exits 2 before training, the other runs;
 - ``store_usable``: the MLflow store has the reference store's schema version and tables, and
   no launch after a store kill fails on it.
+- ``pointer_complete`` (``--store s3``): after every launch, the bucket's ``latest.json`` names a checkpoint
+  whose record and every object are there with the recorded size and SHA-256 (read straight from moto).
 
 Per fault the JSON (``--out``) holds the kind, the moment, the exit code(s), the lost work in steps
 (the furthest step the struck launch logged to MLflow's ``train/loss`` minus the step the next
