@@ -70,7 +70,7 @@ directory's parent, else ``trainer.default_root_dir``) and to the MLflow run, an
 :meth:`StepTiming.summary_rows` gives rows for the CLI's end table.
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{timing,scaling,comm}.py``, ``utils/{comm_timer,comm_hooks,timing_plot}.py``
+``analysis/{timing,scaling,comm}.py``, ``utils/{comm_timer,comm_hooks,profiler,timing_plot}.py``
 (and ``compression.py`` for the deprecated ``comm_hook`` argument).
 """
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from ..analysis.comm import LinkModel, calibrate, measure_allreduce
 from .comm_hooks import add_comm_hook_wrapper, wire_bytes
+from .profiler import quiet_cpu_profiler
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -147,6 +148,7 @@ class CommTimer:
             return False
         from torch.profiler import ProfilerActivity, profile
 
+        quiet_cpu_profiler()  # before the process's first session: Kineto's C++ lines on a GPU-less machine
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._profile_cuda else [])
         self._profiler = profile(activities=activities)
         self._profiler.__enter__()
