@@ -582,7 +582,8 @@ def _main(args: argparse.Namespace) -> int:
         if not (args.params > 0 and args.bandwidth_gbps > 0 and args.bytes_per_param > 0 and args.latency_us >= 0):
             raise UsageError(f"--params {args.params:g}, --bandwidth-gbps {args.bandwidth_gbps:g}, --bytes-per-param "
                              f"{args.bytes_per_param:g} must be positive and --latency-us {args.latency_us:g} >= 0.")
-        size, bw, lat = args.params * args.bytes_per_param, gbps_to_bytes_per_s(args.bandwidth_gbps), args.latency_us * 1e-6
+        size, bw = args.params * args.bytes_per_param, gbps_to_bytes_per_s(args.bandwidth_gbps)
+        lat = args.latency_us * 1e-6
 
         def comm_s(n: int) -> float:
             return ring_allreduce_time(size, n, bw, lat)
@@ -612,7 +613,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m recipes.plan batch ...``: 0 with a plan; 1 (``--validate``) when the rankings differ; 2 on bad input."""
+    """``python -m recipes.plan batch ...``: 0 with a plan; 1 (``--validate``) when rankings differ; 2 on bad input."""
     try:
         args = _parser().parse_args(argv)
         return _main(args)

@@ -177,7 +177,8 @@ def fit_step_time(batches: Sequence[float], seconds: Sequence[float]) -> StepTim
         ValueError: If the lists are empty, of different lengths, or hold a non-positive value.
     """
     if len(batches) != len(seconds) or not batches:
-        raise ValueError(f"step times: {len(batches)} batch sizes and {len(seconds)} times; need matching, non-empty lists.")
+        raise ValueError(f"step times: {len(batches)} batch sizes and {len(seconds)} times; "
+                         "need matching, non-empty lists.")
     b = np.array([_positive("batch", x) for x in batches])
     t = np.array([_positive("step time", x) for x in seconds])
     if len(set(b.tolist())) == 1:
