@@ -312,48 +312,71 @@ class ValidationRow:
         return None if self.measured_s is None else self.predicted_s / self.measured_s - 1.0
 
 
-def validate(config: str, batches: Sequence[int], ref_batch: int, target: tuple[str, float], *,
-             sweep_steps: int = 60, val_every_examples: int = 320, max_epochs: int = 20,
-             log_dir: Path = Path("runs/plan-batch")) -> tuple[list[ValidationRow], dict[str, Any]]:
-    """Train to the target at each batch and compare with the prediction (see the module docstring)."""
+def _train_or_reuse(client: MlflowClient, uri: str, config: str, experiment: str, name: str, args: list[str],
+                    log_dir: Path, target: tuple[str, float] | None) -> Reference:
+    """Train run ``name`` unless a FINISHED run of that name exists in ``experiment`` (``--stamp`` reuses runs)."""
+    exp = client.get_experiment_by_name(experiment)
+    done = [] if exp is None else client.search_runs(
+        [exp.experiment_id], filter_string=f"attributes.run_name = '{name}' and attributes.status = 'FINISHED'")
+    if done:
+        print(f"{name}: reusing run {done[0].info.run_id}", flush=True)
+    else:
+        print(f"{name}: training ...", flush=True)
+        _fit(config, name, experiment, args, log_dir / f"{name}.log")
+    return read_run(client, _run_id(client, experiment, name), uri, target)
+
+
+def validate(config: str, batches: Sequence[int], ref_batch: int, targets: Sequence[tuple[str, float]], *,
+             sweep_steps: int = 60, val_every_examples: int = 320, max_epochs: int = 20, stamp: str | None = None,
+             log_dir: Path = Path("runs/plan-batch")) -> list[tuple[list[ValidationRow], dict[str, Any]]]:
+    """Train to the target at each batch and compare with the prediction (see the module docstring).
+
+    The runs stop at the last of ``targets`` (the hardest); each target gets its own table from the same runs.
+    """
     if ref_batch not in batches:
         raise UsageError(f"--ref-batch {ref_batch} must be one of --batches {','.join(map(str, batches))}.")
     if ref_batch % 2:
         raise UsageError(f"--ref-batch {ref_batch} must be even: its run takes two micro-batches of half of it.")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if len({key for key, _ in targets}) != 1:
+        raise UsageError(f"--target: {', '.join(k for k, _ in targets)}: give one metric (several values of it).")
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
     experiment = _experiment(config)
-    sweep_b, sweep_t, _ = sweep_step_times(config, batches, sweep_steps, stamp, log_dir)
-    model = fit_step_time(sweep_b, sweep_t)
     client, uri = _client_for_training()
-    measured: dict[int, Reference] = {}
-    for b in [ref_batch, *[b for b in batches if b != ref_batch]]:
-        name = f"target-b{b}-{stamp}"
-        accumulate = 2 if b == ref_batch else 1
-        print(f"to target: batch {b}{' (reference, noise scale)' if accumulate > 1 else ''} ...", flush=True)
-        _fit(config, name, experiment, _to_target_args(b, target, val_every_examples, max_epochs, accumulate),
-             log_dir / f"{name}.log")
-        measured[b] = read_run(client, _run_id(client, experiment, name), uri, target)
-    ref = measured[ref_batch]
-    if not ref.b_noise or ref.b_noise <= 0:
-        raise RuntimeError(f"the reference run {ref.run_id} logged no positive {B_NOISE_KEY}.")
-    if ref.steps is None:
-        raise RuntimeError(f"the reference run {ref.run_id} did not reach {target[0]} {target[1]:g}: "
-                           "raise --max-epochs or lower the target.")
-    s_min = s_min_from_reference(ref.steps, ref_batch, ref.b_noise)
-    rows = []
-    for b in batches:
-        m = measured[b]
-        steps = steps_to_target(b, ref.b_noise, s_min)
-        rows.append(ValidationRow(
-            batch=b, predicted_steps=steps, measured_steps=m.steps, predicted_step_s=model(b),
-            measured_step_s=m.step_s, predicted_s=steps * model(b),
-            measured_s=None if m.steps is None or not m.step_s else m.steps * m.step_s,
-            run_id=m.run_id, reference=b == ref_batch))
-    info = {"b_noise": ref.b_noise, "s_min": s_min, "ref_batch": ref_batch, "ref_steps": ref.steps,
-            "step_time_model": {"t0": model.t0, "per_example_s": model.per_example_s,
-                                "max_rel_error": model.max_rel_error},
-            "target": f"{target[0]} {target[1]:g}", "experiment": experiment}
-    return rows, info
+    sweep = [_train_or_reuse(client, uri, config, experiment, f"sweep-b{b}-{stamp}",
+                             [f"--data.init_args.batch_size={b}", f"--trainer.max_steps={sweep_steps}",
+                              "--trainer.limit_val_batches=0"], log_dir, None) for b in batches]
+    if not all(r.step_s for r in sweep):
+        raise RuntimeError(f"a sweep run logged no {STEP_MEAN_KEY}: run more --sweep-steps.")
+    model = fit_step_time(list(batches), [r.step_s for r in sweep])
+    stop = targets[-1]
+    noise = _train_or_reuse(client, uri, config, experiment, f"noise-b{ref_batch}-{stamp}",
+                            _to_target_args(ref_batch, stop, val_every_examples, max_epochs, 2), log_dir, None)
+    if not noise.b_noise or noise.b_noise <= 0:
+        raise RuntimeError(f"the noise-scale run {noise.run_id} logged no positive {B_NOISE_KEY}.")
+    runs = {b: _train_or_reuse(client, uri, config, experiment, f"target-b{b}-{stamp}",
+                               _to_target_args(b, stop, val_every_examples, max_epochs), log_dir, None)
+            for b in [ref_batch, *[b for b in batches if b != ref_batch]]}
+    out = []
+    for target in targets:
+        steps_to = {b: _steps_to(client, r.run_id, target) for b, r in runs.items()}
+        if steps_to[ref_batch] is None:
+            raise RuntimeError(f"the reference run at batch {ref_batch} did not reach {target[0]} {target[1]:g}: "
+                               "raise --max-epochs or lower the target.")
+        s_min = s_min_from_reference(steps_to[ref_batch], ref_batch, noise.b_noise)
+        rows = []
+        for b in batches:
+            m, steps = runs[b], steps_to_target(b, noise.b_noise, s_min)
+            rows.append(ValidationRow(
+                batch=b, predicted_steps=steps, measured_steps=steps_to[b], predicted_step_s=model(b),
+                measured_step_s=m.step_s, predicted_s=steps * model(b),
+                measured_s=None if steps_to[b] is None or not m.step_s else steps_to[b] * m.step_s,
+                run_id=m.run_id, reference=b == ref_batch))
+        out.append((rows, {"b_noise": noise.b_noise, "s_min": s_min, "ref_batch": ref_batch,
+                           "ref_steps": steps_to[ref_batch], "noise_run": noise.run_id, "stamp": stamp,
+                           "step_time_model": {"t0": model.t0, "per_example_s": model.per_example_s,
+                                               "max_rel_error": model.max_rel_error},
+                           "target": f"{target[0]} {target[1]:g}", "experiment": experiment}))
+    return out
 
 
 def _ranking(values: dict[int, float]) -> list[int]:
@@ -362,8 +385,9 @@ def _ranking(values: dict[int, float]) -> list[int]:
 
 def print_validation(rows: list[ValidationRow], info: dict[str, Any]) -> bool:
     """Print the predicted-vs-measured table (Markdown); True when the rankings by time and by steps agree."""
-    print(f"\ntarget {info['target']}; B_noise {info['b_noise']:.1f} (reference run at batch {info['ref_batch']}: "
-          f"{info['ref_steps']} steps -> S_min {info['s_min']:.1f}); step time t(b) = "
+    print(f"\ntarget {info['target']}; B_noise {info['b_noise']:.1f} (noise-scale run {info['noise_run']}); "
+          f"reference: batch {info['ref_batch']} took {info['ref_steps']} steps -> S_min {info['s_min']:.1f}; "
+          "step time t(b) = "
           f"{info['step_time_model']['t0'] * 1e3:.2f} ms + {info['step_time_model']['per_example_s'] * 1e6:.1f} us x b "
           f"(fit within {info['step_time_model']['max_rel_error']:.0%} of the sweep)\n")
     print("| batch | steps predicted | steps measured | error | step predicted | step measured "
@@ -460,7 +484,8 @@ def write_plot(plan: BatchPlan, path: str, measured: dict[int, float] | None = N
         ax.axvspan(DIMINISHING_FACTOR * plan.b_noise, max(r.batch for r in plan.rows) * 1.5, color="grey",
                    alpha=0.12, label=f"B > {DIMINISHING_FACTOR:g} B_noise")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        if ax is ax_t or any(r.cost_usd > 0 for r in plan.rows):
+            ax.set_yscale("log")
         ax.set_xlabel("global batch B")
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
@@ -484,7 +509,8 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--s-min", type=float, help="S_min directly, instead of --ref-steps/--ref-batch")
     src.add_argument("--run", help="MLflow run with GradientNoiseScale: B_noise, its batch and steps (to --target)")
     src.add_argument("--target", help="METRIC=VALUE the steps are counted to (val/acc=0.97; val/loss<=0.1); "
-                                      "default: the run's last step")
+                                      "default: the run's last step. --validate: several, comma-separated, "
+                                      "ascending (the runs stop at the last)")
     st = p.add_argument_group("step times (one of)")
     st.add_argument("--step-times", help="per-device BATCH:SECONDS pairs, e.g. 32:0.011,64:0.015")
     st.add_argument("--step-time-runs", help="comma-separated MLflow run ids: each one's time/mean/step_s at its batch")
@@ -493,6 +519,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--validate", metavar="CONFIG", help="train CONFIG to --target at each of --batches and compare")
     p.add_argument("--val-every-examples", type=int, default=320, help="--validate: validate every this many examples")
     p.add_argument("--max-epochs", type=int, default=20, help="--validate: give up after this many epochs")
+    p.add_argument("--stamp", help="--validate: reuse the finished runs of this stamp (printed at the end)")
     p.add_argument("--batches", help=f"global batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})")
     p.add_argument("--devices", default="1", help="data-parallel device counts, e.g. 1,2,4,8 (default 1)")
     comm = p.add_argument_group("gradient communication per step on N > 1 devices (ring all-reduce)")
@@ -510,7 +537,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _main(args: argparse.Namespace) -> int:
-    target = _target(args.target) if args.target else None
+    targets = [_target(t) for t in args.target.split(",")] if args.target else []
+    target = targets[-1] if targets else None
     batches = _ints("--batches", args.batches) if args.batches else None
     devices = _ints("--devices", args.devices)
     for flag in ("sweep_steps", "val_every_examples", "max_epochs"):
@@ -519,9 +547,12 @@ def _main(args: argparse.Namespace) -> int:
     if args.validate:
         if target is None or batches is None or args.ref_batch is None:
             raise UsageError("--validate needs --target, --batches and --ref-batch.")
-        rows, info = validate(args.validate, batches, args.ref_batch, target, sweep_steps=args.sweep_steps,
-                              val_every_examples=args.val_every_examples, max_epochs=args.max_epochs)
-        agree = print_validation(rows, info)
+        tables = validate(args.validate, batches, args.ref_batch, targets, sweep_steps=args.sweep_steps,
+                          val_every_examples=args.val_every_examples, max_epochs=args.max_epochs, stamp=args.stamp)
+        agree = all([print_validation(rows, info) for rows, info in tables])
+        print(f"\nruns: experiment {tables[0][1]['experiment']!r}, --stamp {tables[0][1]['stamp']} (re-print without "
+              "training: the same command with --stamp)")
+        rows, info = tables[-1]
         if args.plot:
             model = StepTimeModel(info["step_time_model"]["t0"], info["step_time_model"]["per_example_s"])
             plan = plan_batches(info["b_noise"], info["s_min"], batches, model)
