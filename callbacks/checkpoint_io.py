@@ -35,8 +35,8 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
-from callbacks import ckpt_store
-from callbacks.remote_store import RemoteCheckpoints
+from .storage import ckpt_store
+from .storage.remote_store import RemoteCheckpoints
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,8 @@ The projection is ``spent + remaining steps x recent seconds per step x instance
 the recent speed measured over the last logging window (wall time, so validation and saves count)
 and the remaining steps from ``trainer.estimated_stepping_batches`` (``max_steps`` or
 ``max_epochs`` x batches per epoch / accumulation). Prices come from the catalog
-(``configs/prices.yaml``, see :mod:`callbacks.prices`); the arithmetic from :mod:`callbacks.cost_model`.
+(``callbacks/analysis/prices.yaml``, see :mod:`callbacks.analysis.prices`); the arithmetic from
+:mod:`callbacks.analysis.cost`.
 
 Logged metrics (rank 0; every ``log_every_n_steps`` optimizer steps, at train start after a resume
 and at train end):
@@ -69,8 +70,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks.cost_model import run_cost, savings_pct
-from callbacks.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
+from .analysis.cost import run_cost, savings_pct
+from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -116,7 +117,7 @@ class CostTracker(Callback):
     Args:
         instance: Instance name in the price catalog (``cpu-local`` costs nothing).
         market: ``"on_demand"`` or ``"spot"``: the market ``cost/usd`` is billed at.
-        catalog: A price catalog YAML; None for the repository's ``configs/prices.yaml``.
+        catalog: A price catalog YAML; None for the repository's ``callbacks/analysis/prices.yaml``.
         price_on_demand: Override the on-demand USD per instance-hour.
         price_spot: Override the spot USD per instance-hour.
         instances: Instances billed; None derives it at setup from the world size, the number of nodes

@@ -19,8 +19,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from callbacks import ckpt_store
-from callbacks.checkpoint_io import mirror_of
+from .checkpoint_io import mirror_of
+from .storage import ckpt_store
 
 
 def mlflow_run_id(trainer: Trainer) -> str | None:

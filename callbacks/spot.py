@@ -2,7 +2,7 @@
 
 Notices come from signals (SIGTERM from Kubernetes and most schedulers, SIGUSR1 from SLURM's
 ``--signal=USR1@90``), from the cloud's metadata service (polled in a thread, see
-``callbacks/notices.py``), or from a fire drill. Handlers and pollers only set a flag; at each
+``callbacks/utils/notices.py``), or from a fire drill. Handlers and pollers only set a flag; at each
 training-batch end (and at the end of validation) the ranks agree on it with one small
 all-reduce, then all save the same step, synchronously, and stop together. No collective ever
 runs inside a signal handler (Lightning's own SIGTERM handler broadcasts inside the handler,
@@ -52,8 +52,9 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from callbacks import ckpt_store, notices
-from callbacks.checkpoint_io import RUN_METADATA_KEY, mirror_of
+from .checkpoint_io import RUN_METADATA_KEY, mirror_of
+from .storage import ckpt_store
+from .utils import notices
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -316,7 +317,7 @@ class SpotCheckpoint(Callback):
 
     def _choose_interval(self, trainer: Trainer, save_cost_s: float) -> None:
         """Daly's interval from the first measured save (the stall training pays) and the job's MTBF."""
-        from callbacks.ckpt_interval import daly_interval, expected_overhead, interval_mismatch, mtbf_from_rate
+        from .analysis.ckpt_interval import daly_interval, expected_overhead, interval_mismatch, mtbf_from_rate
 
         self._interval_checked = True
         save_cost_s = max(save_cost_s, 1e-3)

@@ -118,8 +118,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from callbacks import ckpt_store
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE, SpotCheckpoint
+from callbacks.storage import ckpt_store
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double_launch")
@@ -1189,7 +1189,7 @@ def main(args: argparse.Namespace) -> int:
         return USAGE_EXIT_CODE
     # the soak reads checkpoints it corrupted itself: their warnings are expected (restored afterwards, so a caller
     # in the same process, a test suite, keeps its logging)
-    ckpt_log = logging.getLogger("callbacks.ckpt_store")
+    ckpt_log = logging.getLogger("callbacks.storage.ckpt_store")
     previous = ckpt_log.level
     ckpt_log.setLevel(logging.ERROR)
     try:

@@ -47,7 +47,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.table import Table
 
-from callbacks import ckpt_store, remote_store
 from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.cost import PROGRESS_FILE, CostTracker
@@ -55,8 +54,9 @@ from callbacks.manifest import Manifest, git_state
 from callbacks.mlflow_model import LogModel
 from callbacks.model_checkpoint import PublishedModelCheckpoint
 from callbacks.progress import RunProgressBar
-from callbacks.remote_store import RemoteCheckpoints, StoreError
 from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
+from callbacks.storage import ckpt_store, remote_store
+from callbacks.storage.remote_store import RemoteCheckpoints, StoreError
 from callbacks.timing import StepTiming
 from recipes import tracking
 from recipes.run_lock import RunLock, RunLocked

@@ -1,6 +1,6 @@
 """Predict gradient all-reduce time per step, and what fp16 or PowerSGD compression would save.
 
-Uses the ring all-reduce model of :mod:`callbacks.comm_model`,
+Uses the ring all-reduce model of :mod:`callbacks.analysis.comm`,
 ``T = 2(N-1)/N * S/B + 2(N-1)*a`` with ``S = params x bytes per param``, to answer before
 renting N machines how long each step's gradient sync will take on a given network::
 
@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from callbacks.comm_model import bytes_per_element, compression_table, gbps_to_bytes_per_s
+from callbacks.analysis.comm import bytes_per_element, compression_table, gbps_to_bytes_per_s
 
 PROG = "python -m recipes.comm"
 

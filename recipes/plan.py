@@ -1,7 +1,7 @@
 """Plan a training run: how many devices, on which market, for what expected time and cost.
 
 Given the time of one step on one device, the number of steps, a scaling law and an instance from the
-price catalog (``configs/prices.yaml``), this tabulates, for each device count N and each market
+price catalog (``callbacks/analysis/prices.yaml``), this tabulates, for each device count N and each market
 (on-demand, spot), the expected wall time and cost of the run, and picks the cheapest plan that meets
 a deadline and the fastest that fits a budget. The model:
 
@@ -13,7 +13,7 @@ a deadline and the fastest that fits a budget. The model:
   with its source), any interruption stops the synchronous job, so its MTBF is
   ``M = 1 / (instances x -ln(1 - p) / period)``;
 * a checkpoint every Daly-optimal interval (save cost ``--save-cost-s``), ``--restart-s`` per restart,
-  and the exact expected wall time of Daly's exponential model (see ``callbacks/cost_model.py``);
+  and the exact expected wall time of Daly's exponential model (see ``callbacks/analysis/cost.py``);
   every instance is billed for the whole expected wall time. A job shorter than that interval needs
   no periodic checkpoint, and the table says so.
 
@@ -76,11 +76,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from callbacks import ckpt_store
-from callbacks.ckpt_interval import daly_interval, mtbf_from_rate
-from callbacks.cost_model import expected_run
-from callbacks.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
-from callbacks.scaling_laws import amdahl_speedup, usl_speedup
+from callbacks.analysis.ckpt_interval import daly_interval, mtbf_from_rate
+from callbacks.analysis.cost import expected_run
+from callbacks.analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
+from callbacks.analysis.scaling import amdahl_speedup, usl_speedup
+from callbacks.storage import ckpt_store
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -113,7 +113,7 @@ class PlanInputs:
     Args:
         step_time_s: Time of one training step on one device, seconds (> 0).
         steps: Number of steps in the run (>= 1).
-        instance: The catalog row to price (see :func:`callbacks.prices.with_overrides`).
+        instance: The catalog row to price (see :func:`callbacks.analysis.prices.with_overrides`).
         serial_fraction: Amdahl serial fraction in [0, 1]; None when a USL coefficient is given.
         usl_a: USL contention coefficient (>= 0), or None.
         usl_b: USL coherency coefficient (>= 0), or None.
@@ -843,7 +843,7 @@ def _parser() -> argparse.ArgumentParser:
     law.add_argument("--scale-run", metavar="RUN_ID",
                      help="the fit logged by a recipes.scale parent run (USL if it fitted best, else Amdahl)")
     p.add_argument("--instance", required=True, help="instance name from the price catalog")
-    p.add_argument("--catalog", help="price catalog YAML (default: configs/prices.yaml)")
+    p.add_argument("--catalog", help="price catalog YAML (default: callbacks/analysis/prices.yaml)")
     p.add_argument("--price-on-demand", type=float, help="override the on-demand USD per instance-hour")
     p.add_argument("--price-spot", type=float, help="override the spot USD per instance-hour")
     p.add_argument(

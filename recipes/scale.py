@@ -1,7 +1,7 @@
 """Measure speedup over device counts, fit scaling laws, and say what more devices would buy.
 
 Train the recipe at each device count, as real ``python -m recipes.fit`` processes, then fit
-Amdahl, Gustafson and the Universal Scalability Law (:mod:`callbacks.scaling_laws`) to the
+Amdahl, Gustafson and the Universal Scalability Law (:mod:`callbacks.analysis.scaling`) to the
 measured speedups::
 
     python -m recipes.scale --config configs/digits.yaml --devices 1,2 --steps 40
@@ -50,8 +50,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from callbacks.remote_store import StoreError, check_writable, is_remote
-from callbacks.scaling_laws import (
+from callbacks.analysis.scaling import (
     FitComparison,
     amdahl_speedup,
     compare_fits,
@@ -60,6 +59,7 @@ from callbacks.scaling_laws import (
     speedup_from_throughput,
     usl_speedup,
 )
+from callbacks.storage.remote_store import StoreError, check_writable, is_remote
 from recipes import cli
 from recipes.cli import DEFAULT_TRACKING_URI, USAGE_EXIT_CODE
 
@@ -283,7 +283,7 @@ def no_speedup(points: Sequence[Point]) -> bool:
 def fit_note(points: Sequence[Point], fits: FitComparison) -> str:
     """What the fits are worth, in words that agree with their numbers.
 
-    :func:`callbacks.scaling_laws.compare_fits` says when too few device counts make a law fit "exactly";
+    :func:`callbacks.analysis.scaling.compare_fits` says when too few device counts make a law fit "exactly";
     that only holds when the law can reach the measured speedups. This keeps its note where the R² bears
     it out and replaces it where not: no speedup at all (every ``N > 1`` at most as fast as ``N = 1``),
     a superlinear point no one-parameter law reaches, or two ``N > 1`` that even USL does not pass through.

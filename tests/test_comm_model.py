@@ -1,4 +1,4 @@
-"""Tests for callbacks.comm_model: the ring all-reduce formula against hand-computed values."""
+"""Tests for callbacks.analysis.comm: the ring all-reduce formula against hand-computed values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from callbacks.comm_model import (
+from callbacks.analysis.comm import (
     CompressionRow,
     LinkModel,
     bytes_per_element,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from callbacks.prices import get_instance, load_catalog
+from callbacks.analysis.prices import get_instance, load_catalog
 from recipes.plan import PlanInputs, main, plan
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,9 +21,9 @@ import s3fs
 import torch
 import torch.distributed.checkpoint as dcp
 
-from callbacks import ckpt_store, remote_store
 from callbacks.checkpoint_io import AtomicCheckpointIO, mirror_of
-from callbacks.remote_store import POINTER_NAME, RemoteCheckpoints, StoreError
+from callbacks.storage import ckpt_store, remote_store
+from callbacks.storage.remote_store import POINTER_NAME, RemoteCheckpoints, StoreError
 from tests.servers import S3Server, moto_s3, moto_s3_strict  # noqa: F401 - fixtures
 
 
@@ -114,7 +114,7 @@ def test_pointer_to_an_incomplete_checkpoint_falls_back_to_the_previous(
     else:
         client.put_object(Bucket=bucket, Key=key, Body=data[:100] + bytes(64) + data[164:])
 
-    with caplog.at_level(logging.WARNING, logger="callbacks.remote_store"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.storage.remote_store"):
         record = RemoteCheckpoints(url, tmp_path / "b").fetch_newest_good()
     assert record is not None and record.global_step == 10
     assert record.path.read_bytes() == previous.read_bytes()
@@ -297,7 +297,7 @@ def test_malformed_records_are_ignored_with_a_warning(bucket: str, moto_s3: S3Se
     save(AtomicCheckpointIO(mirror=mirror), tmp_path, "step=00000001.ckpt", 1)
     broken = {"name": "step=00000009.ckpt", "files": {"": {"size": 1, "sha256": "x"}}, "epoch": 0, "saved_at": 1.0}
     moto_s3.client().put_object(Bucket=bucket, Key="c/step=00000009.ckpt.meta.json", Body=json.dumps(broken))
-    with caplog.at_level(logging.WARNING, logger="callbacks.remote_store"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.storage.remote_store"):
         assert [r["name"] for r in mirror.records()] == ["step=00000001.ckpt"]  # no global_step: ignored
     assert (f"s3://{bucket}/c/step=00000009.ckpt.meta.json is not a checkpoint record (fields missing or of the "
             "wrong type); ignoring it.") in caplog.messages
@@ -343,7 +343,7 @@ def test_store_outages_during_prune_and_remove_are_logged_not_raised(bucket: str
 
     monkeypatch.setattr(mirror.fs, "ls", outage)
     monkeypatch.setattr(mirror.fs, "exists", outage)
-    with caplog.at_level(logging.ERROR, logger="callbacks.remote_store"):
+    with caplog.at_level(logging.ERROR, logger="callbacks.storage.remote_store"):
         assert mirror.try_prune("step=*.ckpt", keep=1) == []
         mirror.try_remove("best-000-00000001.ckpt")
     assert caplog.messages == [
@@ -356,7 +356,7 @@ def test_store_outages_during_prune_and_remove_are_logged_not_raised(bucket: str
 def test_a_failed_upload_is_logged_and_training_goes_on(bucket: str, tmp_path: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     io = AtomicCheckpointIO(mirror=RemoteCheckpoints("s3://atscale-bucket-gone/r/checkpoints", tmp_path))
-    with caplog.at_level(logging.ERROR, logger="callbacks.remote_store"):
+    with caplog.at_level(logging.ERROR, logger="callbacks.storage.remote_store"):
         path = save(io, tmp_path, "step=00000008.ckpt", 8)
     assert io.upload_failures == 1
     assert ckpt_store.newest_good(tmp_path).path == path  # the local checkpoint is published and intact

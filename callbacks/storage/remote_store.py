@@ -38,7 +38,7 @@ import fsspec
 import fsspec.callbacks
 from fsspec.utils import get_protocol
 
-from callbacks import ckpt_store
+from . import ckpt_store
 
 log = logging.getLogger(__name__)
 
