@@ -64,8 +64,8 @@ from callbacks.analysis.batch_size import (
     s_min_from_reference,
     steps_to_target,
 )
-from callbacks.comm_model import gbps_to_bytes_per_s, ring_allreduce_time
-from callbacks.prices import MARKETS, get_instance, load_catalog, price_for, with_overrides
+from callbacks.analysis.comm import gbps_to_bytes_per_s, ring_allreduce_time
+from callbacks.analysis.prices import MARKETS, get_instance, load_catalog, price_for, with_overrides
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
