@@ -108,3 +108,31 @@ def test_topk_ratio_is_checked():
         TopKState([], 1.5)
     state = TopKState([torch.nn.Parameter(torch.zeros(1000))], 0.01)
     assert state.k_of(1000) == 10 and state.k_of(3) == 1 and state.flat_residual().shape == (1000,)
+
+
+def test_resumed_topk_run_is_bitwise_identical_and_logs_bytes(tmp_path):
+    """The CLI, 2 processes: a top-k run SIGTERMed mid-epoch (a drill) and relaunched ends with the same
+    weights as an uninterrupted one — the residuals of both ranks travel in the checkpoint — and logs
+    ``comm/bytes_per_step`` = 8 bytes x sum over parameters of ceil(1% of its entries)."""
+    import math
+
+    from callbacks.spot import REQUEUE_EXIT_CODE
+    from recipes.classifier import ImageClassifier
+    from tests.conftest import CONFIGS, FAST, client_for, run_fit, runs_of
+    from tests.test_spot_resume import assert_bitwise_equal, final_weights
+
+    base = ("--config", str(CONFIGS / "digits.yaml"), "--config", str(CONFIGS / "strategy/ddp-topk.yaml"),
+            "--trainer.max_epochs", "2", "--trainer.log_every_n_steps", "1", *FAST)
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    ref.mkdir(), cut.mkdir()
+    done = run_fit(ref, *base, "--run_name", "ref", check=True)
+    assert "MB/step" in done.stdout
+    first = run_fit(cut, *base, "--run_name", "cut", "--spot.drill_steps", "[30]")
+    assert first.returncode == REQUEUE_EXIT_CODE, first.stderr[-3000:]
+    run_fit(cut, *base, "--run_name", "cut", check=True)
+    assert_bitwise_equal(final_weights(ref, "ref"), final_weights(cut, "cut"))
+    model = ImageClassifier(num_classes=10, in_channels=1, width=32)
+    expected = 8 * sum(math.ceil(0.01 * p.numel()) for p in model.parameters())
+    (run,) = runs_of(ref, "digits")
+    logged = {m.value for m in client_for(ref).get_metric_history(run.info.run_id, "comm/bytes_per_step")}
+    assert logged == {float(expected)}
