@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--powersgd-ratio", default="0.01", help="PowerSGD bytes as a fraction of uncompressed (default 0.01)"
     )
+    parser.add_argument(
+        "--topk-ratio", default="0.01", help="top-k: fraction of the parameters sent, values + indices (default 0.01)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
@@ -112,10 +115,13 @@ def _print_table(inputs: dict[str, float], rows: list[dict[str, float | int]]) -
     )
     caption = (
         f"per worker: bytes each worker sends, 2(N-1)/N*S; fp16: 2 B/param; "
-        f"PSGD: PowerSGD at {inputs['powersgd_ratio']:g} of the bytes; saved: ms (% of time)"
+        f"PSGD: PowerSGD at {inputs['powersgd_ratio']:g} of the bytes; top-k: all-gather of "
+        f"{inputs['topk_ratio']:g} of the entries (8 B each); pays off below: the top-k ratio that still beats "
+        "the uncompressed all-reduce; saved: ms (% of time)"
     )
     table = Table(title=title, caption=caption)
-    for header in ("N", "per worker", "time ms", "fp16 ms", "fp16 saved", "PSGD ms", "PSGD saved"):
+    for header in ("N", "per worker", "time ms", "fp16 ms", "fp16 saved", "PSGD ms", "PSGD saved", "top-k ms",
+                   "top-k pays off below"):
         table.add_column(header, justify="right")
     for row in rows:
         table.add_row(
@@ -126,6 +132,8 @@ def _print_table(inputs: dict[str, float], rows: list[dict[str, float | int]]) -
             f"{row['fp16_saving_s'] * 1e3:.1f} ({row['fp16_saving_frac']:.0%})",
             f"{row['powersgd_time_s'] * 1e3:.2f}",
             f"{row['powersgd_saving_s'] * 1e3:.1f} ({row['powersgd_saving_frac']:.0%})",
+            f"{row['topk_time_s'] * 1e3:.2f}",
+            f"ratio {row['topk_breakeven_ratio']:.3g}",
         )
     Console(file=sys.stdout).print(table)
 
@@ -149,6 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratio = _number("--powersgd-ratio", args.powersgd_ratio, strict=True)
         if ratio > 1:
             raise UsageError(f"--powersgd-ratio: {args.powersgd_ratio!r} must be in (0, 1]")
+        topk = _number("--topk-ratio", args.topk_ratio, strict=True)
+        if topk > 1:
+            raise UsageError(f"--topk-ratio: {args.topk_ratio!r} must be in (0, 1]")
     except UsageError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
@@ -162,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             latency_us * 1e-6,
             workers,
             powersgd_ratio=ratio,
+            topk_ratio=topk,
         )
     ]
     inputs = {
@@ -172,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bandwidth_bytes_per_s": gbps_to_bytes_per_s(bandwidth_gbps),
         "latency_us": latency_us,
         "powersgd_ratio": ratio,
+        "topk_ratio": topk,
     }
     if args.json:
         print(json.dumps({"inputs": inputs, "rows": rows}, indent=2))

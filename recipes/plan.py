@@ -35,6 +35,9 @@ Examples::
     python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance p5.48xlarge \\
         --price-spot 22.0 --interruption-rate 0.05 --json
 
+Which batch size (``python -m recipes.plan batch ...``, in :mod:`recipes.plan_batch`): steps, wall time and
+cost to the same loss per batch size and device count, from the gradient noise scale.
+
 From a finished run (``--run RUN_ID_OR_RUN_DIR``) the measured numbers replace ``--step-time`` and
 ``--steps``: the run's MLflow record (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``) gives
 
@@ -822,7 +825,8 @@ def _speedup(n: int, law: dict[str, float]) -> float:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m recipes.plan",
-        description="Expected wall time and cost per device count and market (on-demand vs spot).",
+        description="Expected wall time and cost per device count and market (on-demand vs spot). "
+                    "For which batch size: python -m recipes.plan batch --help.",
     )
     p.add_argument("--run", metavar="RUN_ID_OR_RUN_DIR",
                    help="plan from a finished run: its MLflow run id or run directory (measured step time, steps, "
@@ -992,6 +996,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         0 with a plan; 1 when no row meets the deadline or budget; 2 on bad input.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["batch"]:  # which batch size: recipes/plan_batch.py
+        from recipes.plan_batch import main as batch_main
+
+        return batch_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         inputs, source, rate_source = _inputs_from_args(args)
