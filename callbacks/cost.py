@@ -57,14 +57,13 @@ key                         meaning
 ==========================  =====================================================================
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{cost,prices}.py`` and ``analysis/prices.yaml``.
+``analysis/{cost,prices}.py``, ``analysis/prices.yaml`` and ``utils/steps_file.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -75,6 +74,7 @@ from typing_extensions import override
 
 from .analysis.cost import run_cost, savings_pct
 from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
+from .utils.steps_file import PROGRESS_FILE, StepsFile, read_steps_run
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -82,8 +82,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Sidecar file, beside the checkpoints, holding the job's optimizer steps run (redone ones included).
-PROGRESS_FILE = "cost_steps_run.txt"
-_PROGRESS_WIDTH = 20
 
 
 def default_instances(instance: Instance, world_size: int, num_nodes: int) -> int:
@@ -100,14 +98,6 @@ def default_instances(instance: Instance, world_size: int, num_nodes: int) -> in
     if instance.gpus == 0:
         return max(1, int(num_nodes))
     return max(1, int(num_nodes), math.ceil(world_size / instance.gpus))
-
-
-def read_steps_run(path: Path) -> int | None:
-    """The steps run recorded in a sidecar file, or None when it is missing or unreadable."""
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def _usd(value: float) -> str:
@@ -195,7 +185,7 @@ class CostTracker(Callback):
         self._window: tuple[float, int] | None = None
         self._recent_step_s: float | None = None
         self._total_steps: float | None = None
-        self._progress_fd: int | None = None
+        self._steps_file: StepsFile | None = None
         self._final: dict[str, float] = {}
 
     # ---------------------------------------------------------------- arithmetic
@@ -277,25 +267,14 @@ class CostTracker(Callback):
         found = [n for n in (read_steps_run(p) for p in places) if n is not None]
         return max(found) if found else None
 
-    def _open_progress(self, trainer: Trainer) -> None:
-        path = self._progress_dir(trainer) / PROGRESS_FILE
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._progress_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        except OSError as err:
-            log.warning("CostTracker: cannot write %s (%s); lost work after a hard kill will not be counted.",
-                        path, err)
-            self._progress_fd = None
-
     def _write_progress(self, trainer: Trainer) -> None:
-        if self._progress_fd is not None:
-            steps_run = trainer.global_step + self.lost_steps
-            os.pwrite(self._progress_fd, f"{steps_run:>{_PROGRESS_WIDTH}d}\n".encode(), 0)
+        if self._steps_file is not None:
+            self._steps_file.write(trainer.global_step + self.lost_steps)
 
     def _close_progress(self) -> None:
-        if self._progress_fd is not None:
-            os.close(self._progress_fd)
-            self._progress_fd = None
+        if self._steps_file is not None:
+            self._steps_file.close()
+            self._steps_file = None
 
     # ------------------------------------------------------------------- hooks
     @override
@@ -327,7 +306,7 @@ class CostTracker(Callback):
             sidecar = self._sidecar_steps_run(trainer)
             self.lost_steps = max(saved_lost, (sidecar or 0) - step)
         if trainer.is_global_zero:
-            self._open_progress(trainer)
+            self._steps_file = StepsFile(self._progress_dir(trainer))
             self._write_progress(trainer)
             if self._resumed_step is not None:
                 self._log(trainer)

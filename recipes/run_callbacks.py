@@ -14,8 +14,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
-from callbacks.cost import PROGRESS_FILE
 from callbacks.storage import remote_store
+from callbacks.utils.steps_file import PROGRESS_FILE
 from recipes.run_context import flatten
 from recipes.tracking import redact
 

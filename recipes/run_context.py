@@ -28,9 +28,9 @@ from typing import Any
 
 from jsonargparse import Namespace
 
-from callbacks.cost import PROGRESS_FILE
 from callbacks.storage import ckpt_store, remote_store
 from callbacks.storage.remote_store import RemoteCheckpoints, StoreError
+from callbacks.utils.steps_file import PROGRESS_FILE
 from recipes.common import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_PARENT_RUN_ID, ENV_RUN_NAME, ENV_RUN_TAGS, UsageError
 from recipes.tracking import redact
 
