@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 
 from callbacks.analysis.comm import bytes_per_element, compression_table, gbps_to_bytes_per_s
-from recipes.common import ArgumentParser, UsageError
+from recipes.common import ArgumentParser, UsageError, positive_ints
 
 PROG = "python -m recipes.comm"
 
@@ -42,21 +42,6 @@ def _number(flag: str, text: str, *, minimum: float = 0.0, strict: bool = False)
     if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
         raise UsageError(f"{flag}: {text!r} must be a finite number {op} {minimum:g}")
     return value
-
-
-def _workers(text: str) -> list[int]:
-    """Parse ``"2,8,64"`` into worker counts, each an integer >= 1."""
-    out = []
-    for part in text.split(","):
-        item = part.strip()
-        try:
-            value = int(item)
-        except ValueError:
-            raise UsageError(f"--workers: {item!r} is not an integer (expected e.g. 2,8,64)") from None
-        if value < 1:
-            raise UsageError(f"--workers: {item!r} must be >= 1")
-        out.append(value)
-    return out
 
 
 def _bytes_per_param(text: str) -> float:
@@ -153,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bytes_per_param = _bytes_per_param(args.bytes_per_param)
         bandwidth_gbps = _number("--bandwidth-gbps", args.bandwidth_gbps, strict=True)
         latency_us = _number("--latency-us", args.latency_us)
-        workers = _workers(args.workers)
+        workers = positive_ints("--workers", args.workers, "2,8,64")
         ratio = _number("--powersgd-ratio", args.powersgd_ratio, strict=True)
         if ratio > 1:
             raise UsageError(f"--powersgd-ratio: {args.powersgd_ratio!r} must be in (0, 1]")

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from mlflow.entities import Run
 
 __all__ = ["SIGINT_EXIT_CODE", "USAGE_EXIT_CODE", "ArgumentParser", "HelpFormatter", "UsageError",
-           "check_tracking_server", "find_run", "get_experiment", "run_main", "tracking_uri"]
+           "check_tracking_server", "find_run", "get_experiment", "positive_ints", "run_main", "tracking_uri"]
 
 #: Exit status for bad input (as argparse and jsonargparse use for parse errors).
 USAGE_EXIT_CODE = 2
@@ -93,6 +93,19 @@ def run_main(body: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return SIGINT_EXIT_CODE
+
+
+def positive_ints(flag: str, text: str, example: str = "1,2,4") -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` for ``flag``; :class:`UsageError` naming the item that is not an integer >= 1."""
+    out: list[int] = []
+    for part in text.split(","):
+        item = part.strip()
+        if not item.lstrip("-").isdigit():
+            raise UsageError(f"{flag}: {item!r} is not an integer >= 1 (expected e.g. {example})")
+        if int(item) < 1:
+            raise UsageError(f"{flag}: {int(item)} must be >= 1 (expected e.g. {example})")
+        out.append(int(item))
+    return out
 
 
 def tracking_uri() -> str:

@@ -81,7 +81,7 @@ from callbacks.analysis.cost import expected_run
 from callbacks.analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from callbacks.analysis.scaling import amdahl_speedup, usl_speedup
 from callbacks.storage import ckpt_store
-from recipes.common import SERIAL_KEY, tracking_uri
+from recipes.common import SERIAL_KEY, UsageError, positive_ints, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -870,19 +870,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_devices(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split(","):
-        try:
-            n = int(part.strip())
-        except ValueError:
-            raise ValueError(f"--devices: {part.strip()!r} is not an integer device count.") from None
-        if n < 1:
-            raise ValueError(f"--devices: device count {n} must be >= 1.")
-        out.append(n)
-    return tuple(out)
-
-
 def _explicit_law(args: argparse.Namespace) -> dict[str, float] | None:
     law = {"serial_fraction": args.serial_fraction, "usl_a": args.usl_a, "usl_b": args.usl_b}
     law = {k: v for k, v in law.items() if v is not None}
@@ -966,7 +953,7 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
         rate_period_s=period_h * 3600.0,
         save_cost_s=args.save_cost_s,
         restart_s=args.restart_s,
-        devices=_parse_devices(args.devices),
+        devices=tuple(positive_ints("--devices", args.devices)),
         deadline_h=args.deadline_h,
         budget_usd=args.budget_usd,
     )
@@ -1004,7 +991,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         inputs, source, rate_source = _inputs_from_args(args)
-    except (KeyError, ValueError, FileNotFoundError) as err:
+    except (KeyError, ValueError, FileNotFoundError, UsageError) as err:
         message = err.args[0] if err.args else str(err)
         print(f"error: {message}", file=sys.stderr)
         return 2

@@ -66,7 +66,7 @@ from callbacks.analysis.batch_size import (
 )
 from callbacks.analysis.comm import gbps_to_bytes_per_s, ring_allreduce_time
 from callbacks.analysis.prices import MARKETS, get_instance, load_catalog, price_for, with_overrides
-from recipes.common import STEP_KEY, ArgumentParser, UsageError, tracking_uri
+from recipes.common import STEP_KEY, ArgumentParser, UsageError, positive_ints, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -83,19 +83,6 @@ DEFAULT_BATCHES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 # ------------------------------------------------------------------------------------------- parsing
-
-
-def _ints(flag: str, text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        try:
-            value = int(part.strip())
-        except ValueError:
-            raise UsageError(f"{flag}: {part.strip()!r} is not an integer.") from None
-        if value < 1:
-            raise UsageError(f"{flag}: {value} must be >= 1.")
-        out.append(value)
-    return out
 
 
 def _step_times(text: str) -> tuple[list[int], list[float]]:
@@ -527,8 +514,8 @@ def _parser() -> argparse.ArgumentParser:
 def _main(args: argparse.Namespace) -> int:
     targets = [_target(t) for t in args.target.split(",")] if args.target else []
     target = targets[-1] if targets else None
-    batches = _ints("--batches", args.batches) if args.batches else None
-    devices = _ints("--devices", args.devices)
+    batches = positive_ints("--batches", args.batches, "16,32,64") if args.batches else None
+    devices = positive_ints("--devices", args.devices)
     for flag in ("sweep_steps", "val_every_examples", "max_epochs"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be >= 1.")

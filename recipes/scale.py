@@ -70,6 +70,7 @@ from recipes.common import (
     UsageError,
     check_tracking_server,
     find_run,
+    positive_ints,
     tracking_uri,
 )
 
@@ -166,14 +167,10 @@ def _finite(value: Any) -> Any:
 # ------------------------------------------------------------------------------ input
 def parse_devices(text: str) -> list[int]:
     """``"1,2,4"`` -> ``[1, 2, 4]``; each an integer >= 1, no repeats, must include 1."""
-    out: list[int] = []
-    for part in text.split(","):
-        item = part.strip()
-        if not item.isdigit() or int(item) < 1:
-            raise UsageError(f"--devices: {item!r} is not an integer >= 1 (expected e.g. 1,2,4)")
-        if int(item) in out:
+    out = positive_ints("--devices", text)
+    for item in out:
+        if out.count(item) > 1:
             raise UsageError(f"--devices: {item} is listed twice")
-        out.append(int(item))
     if 1 not in out:
         raise UsageError(f"--devices {text}: include 1 (speedups are relative to one device)")
     return sorted(out)
