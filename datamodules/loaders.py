@@ -49,7 +49,7 @@ class PassSampler(DistributedSampler):
     rules the pass that follows, and later ``set_epoch`` calls keep the difference it found;
     without one, ``set_epoch`` starts the pass it names. A pass is complete once it gave
     ``samples_per_pass`` samples, which ``limit_train_batches`` makes fewer than the rank's share.
-    The resume paths are tested against uninterrupted runs (``tests/test_loaders.py``).
+    The resume paths are tested against uninterrupted runs (``tests/unit/datamodules/test_loaders.py``).
     """
 
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int,

@@ -112,3 +112,13 @@ def tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(key)
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+_E2E_DIR = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ is end-to-end (``pytest -m "not e2e"`` runs the unit tests alone)."""
+    for item in items:
+        if Path(str(item.fspath)).resolve().is_relative_to(_E2E_DIR):
+            item.add_marker(pytest.mark.e2e)

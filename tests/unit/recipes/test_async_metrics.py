@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from recipes.cli import ASYNC_LOGGING_THREADS_ENV, flush_async_metrics
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("end", ["finalize", "flush"])
 def test_async_metrics_arrive_in_order_with_exact_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         end: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 from callbacks.analysis.prices import get_instance, load_catalog
 from recipes.plan import PlanInputs, main, plan
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 BASE = ["--step-time", "3", "--steps", "10000", "--instance", "a3-highgpu-1g", "--interruption-rate", "0.05"]
 
 
@@ -146,6 +146,7 @@ def test_budget_infeasible_exits_1(capsys):
     )
 
 
+@pytest.mark.e2e
 def test_real_cli_exit_code_and_table():
     cmd = [sys.executable, "-m", "recipes.plan", *BASE, "--serial-fraction", "0.05", "--deadline-h", "0.1"]
     env = {**os.environ, "COLUMNS": "100"}  # pytest's own COLUMNS would reach the child

@@ -18,7 +18,7 @@ from callbacks.utils.profiler import quiet_cpu_profiler
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOISE = ("gpuGetDeviceCount failed", "USDT:", "SyncActivityProfilerHandler")
 
 SCRIPT = r'''

@@ -342,6 +342,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_comm_hooks_fire_per_bucket_on_gloo(tmp_path: Path) -> None:
     mp.spawn(_ddp_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
@@ -371,6 +372,7 @@ def test_comm_hooks_fire_per_bucket_on_gloo(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ shipped strategy configs
+@pytest.mark.e2e
 @pytest.mark.parametrize(("config", "hook"), [("ddp-fp16-compress.yaml", "fp16"), ("ddp-bf16-compress.yaml", "bf16"),
                                               ("ddp-powersgd.yaml", "powersgd")])
 def test_compression_configs_parse_to_one_compression_and_one_step_timing(
@@ -378,7 +380,7 @@ def test_compression_configs_parse_to_one_compression_and_one_step_timing(
                                                       config: str, hook: str) -> None:
     from recipes.cli import AtscaleCLI
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[3]
     for key in ("ATSCALE_RUN_NAME", "ATSCALE_CKPT_PATH", "ATSCALE_MLFLOW_RUN_ID"):  # the CLI sets them
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)

@@ -27,8 +27,8 @@ from callbacks.spot import REQUEUE_EXIT_CODE
 from callbacks.storage.remote_store import RemoteCheckpoints
 from recipes import compare, promote, reproduce, scale
 from tests.conftest import CONFIGS, FAST, cli_env, fit_command, run_fit
+from tests.e2e.test_spot_resume import assert_bitwise_equal, final_weights
 from tests.servers import S3Server, free_port, mlflow_server, moto_s3, moto_s3_strict  # noqa: F401 - fixtures
-from tests.test_spot_resume import assert_bitwise_equal, final_weights
 
 EPOCHS = 2
 BASE = ("--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs", str(EPOCHS),

@@ -25,6 +25,7 @@ def _scale(workdir: Path, *args: str, timeout: float = 900) -> subprocess.Comple
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(900)
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPU cores for the 2-process run")
 def test_sweep_on_one_and_two_processes(tmp_path: Path) -> None:

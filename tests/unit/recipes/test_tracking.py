@@ -15,7 +15,7 @@ import pytest
 
 from recipes import tracking
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -98,6 +98,7 @@ def test_sqlite_path() -> None:
     assert tracking.sqlite_path("http://h") is None
 
 
+@pytest.mark.e2e
 def test_ensure_store_creates_a_complete_store_once(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'sub' / 'm.db'}"
     assert tracking.ensure_store(uri) is True
@@ -106,6 +107,7 @@ def test_ensure_store_creates_a_complete_store_once(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["m.db"]
 
 
+@pytest.mark.e2e
 def test_ensure_store_removes_the_debris_of_a_dead_creator(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     debris = tmp_path / f".m.db.creating-{tracking.socket.gethostname()}-{int(dead.stdout)}-abcdef"
@@ -116,6 +118,7 @@ def test_ensure_store_removes_the_debris_of_a_dead_creator(tmp_path: Path) -> No
     assert not debris.exists() and alive.exists()
 
 
+@pytest.mark.e2e
 def test_concurrent_creators_agree_on_one_store(tmp_path: Path) -> None:
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from recipes import tracking; "
             "print(tracking.ensure_store(sys.argv[2]))")
@@ -128,6 +131,7 @@ def test_concurrent_creators_agree_on_one_store(tmp_path: Path) -> None:
     assert [e.name for e in mlflow.MlflowClient(uri).search_experiments()] == ["Default"]
 
 
+@pytest.mark.e2e
 def test_find_run_by_location(tmp_path: Path) -> None:
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
     exp = client.create_experiment("e")

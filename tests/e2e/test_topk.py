@@ -119,7 +119,7 @@ def test_resumed_topk_run_is_bitwise_identical_and_logs_bytes(tmp_path):
     from callbacks.spot import REQUEUE_EXIT_CODE
     from recipes.classifier import ImageClassifier
     from tests.conftest import CONFIGS, FAST, client_for, run_fit, runs_of
-    from tests.test_spot_resume import assert_bitwise_equal, final_weights
+    from tests.e2e.test_spot_resume import assert_bitwise_equal, final_weights
 
     base = ("--config", str(CONFIGS / "digits.yaml"), "--config", str(CONFIGS / "strategy/ddp-topk.yaml"),
             "--trainer.max_epochs", "2", "--trainer.log_every_n_steps", "1", *FAST)

@@ -99,6 +99,7 @@ def _regression_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor,
     return x, y, w_star + delta
 
 
+@pytest.mark.e2e
 def test_b_simple_matches_analytic_value_with_accumulation(tmp_path):
     micro, accumulate, steps = 8, 4, 300
     x, y, w0 = _regression_data(micro * accumulate * steps)
@@ -240,10 +241,11 @@ sys.exit(max(abs(p.exitcode if p.exitcode is not None else 1) for p in ranks))
 """
 
 
+@pytest.mark.e2e
 def test_ddp_comm_hook_sees_local_and_reduced_norms_two_processes(tmp_path):
     """Two gloo ranks, forked from one small interpreter that imported torch (and nothing of the tests)."""
     script = _WORKER_HEADER + textwrap.dedent(inspect.getsource(_ddp_check)) + _WORKER_LAUNCH
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", script, str(_free_port()), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,10 +1,5 @@
-"""The byte-level GPT recipe: formulas by hand, a tiny model on one device, and the real CLI under DDP and FSDP.
-
-The CLI runs (2 processes each, gloo) share one temporary working directory, one corpus cache and
-one MLflow store: DDP for 6 steps; FSDP for 3 steps, then relaunched with the same run name and
-``max_steps`` 6. With the same seed the FSDP run's per-step ``train/loss`` and ``val/loss`` (read
-back from MLflow) match DDP's within 1e-4 nats (float32; the two only reduce gradients in a
-different order), before and after the resume.
+"""The byte-level GPT recipe: formulas by hand and a tiny model on one device, in process
+(the CLI under DDP and FSDP: tests/e2e/test_gpt_cli.py).
 """
 
 from __future__ import annotations
@@ -12,7 +7,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +14,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
-import mlflow
 import pytest
 import torch
 import yaml
@@ -34,10 +27,9 @@ from recipes import sample
 from recipes.gpt import GPT, bits_per_byte, lr_factor
 from tests.conftest import RecordingLogger
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TINY = {"block_size": 32, "n_layer": 2, "n_head": 4, "n_embd": 32}
 BATCH = 8
-LOSS_TOLERANCE = 1e-4  # nats, FSDP vs DDP per step
 
 
 # ----------------------------------------------------------------- formulas
@@ -200,6 +192,7 @@ def test_mfu_unavailable_on_cpu_without_a_peak(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------- sampling
+@pytest.mark.e2e
 def test_sample_prints_the_requested_bytes(tiny: SimpleNamespace) -> None:
     out = subprocess.run([sys.executable, "-m", "recipes.sample", "--ckpt", str(tiny.ckpt), "--prompt", "def ",
                           "--max-new-bytes", "25", "--seed", "3"], capture_output=True, timeout=300, cwd=REPO)
@@ -214,89 +207,3 @@ def test_sample_prints_the_requested_bytes(tiny: SimpleNamespace) -> None:
 def test_sample_missing_checkpoint_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert sample.main(["--ckpt", str(tmp_path / "missing.ckpt")]) == 2
     assert capsys.readouterr().err == f"error: --ckpt {tmp_path / 'missing.ckpt'} does not exist.\n"
-
-
-# ------------------------------------------------------- the CLI, DDP and FSDP
-CLI_OVERRIDES = [
-    "--trainer.max_steps", "6", "--trainer.log_every_n_steps", "1", "--trainer.val_check_interval", "2",
-    "--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "0",
-    "--trainer.enable_progress_bar", "false", "--async_checkpoint", "false",
-    "--model.init_args.block_size", "32", "--model.init_args.n_layer", "2", "--model.init_args.n_head", "4",
-    "--model.init_args.n_embd", "32", "--model.init_args.warmup_steps", "1",
-    "--model.init_args.decay_steps", "6",  # the same LR schedule whatever max_steps a launch has
-    "--data.init_args.block_size", "32", "--data.init_args.batch_size", "4", "--data.init_args.max_bytes", "60000",
-    "--data.init_args.val_windows", "4",
-]
-
-
-def run_cli(cwd: Path, strategy: str, run_name: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATSCALE_")}
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{cwd}/mlflow.db"
-    # MLflow infers a logged model's pip requirements in a subprocess that re-imports everything (15-20 s on
-    # 2 cores); after 1 s it falls back to its default list. The model is still logged; its list is not under test.
-    env["MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT"] = "1"
-    cmd = [sys.executable, "-m", "recipes.fit", "--config", str(REPO / "configs/gpt.yaml"),
-           "--config", str(REPO / f"configs/strategy/{strategy}.yaml"), *CLI_OVERRIDES,
-           "--run_name", run_name, *extra]
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=500)
-    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    return out
-
-
-@pytest.fixture(scope="module")
-def cli(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """DDP for 6 steps; FSDP for 3 steps, then relaunched with the same run name and max_steps 6."""
-    cwd = tmp_path_factory.mktemp("cli")
-    ddp = run_cli(cwd, "ddp", "ddp")
-    first = run_cli(cwd, "fsdp", "fsdp", "--trainer.max_steps", "3")
-    first_checkpoints = sorted(p.name for p in (cwd / "runs/gpt/fsdp/checkpoints").iterdir())
-    resumed = run_cli(cwd, "fsdp", "fsdp")
-    client = mlflow.MlflowClient(f"sqlite:///{cwd}/mlflow.db")
-    found = client.search_runs([client.get_experiment_by_name("gpt").experiment_id])
-    runs = {r.info.run_name: r for r in found}
-    assert sorted(r.info.run_name for r in found) == ["ddp", "fsdp"]  # the relaunch continued "fsdp"
-    return SimpleNamespace(cwd=cwd, ddp=ddp, first=first, resumed=resumed, client=client, runs=runs,
-                           first_checkpoints=first_checkpoints)
-
-
-def history(cli: SimpleNamespace, run_name: str, key: str) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in cli.client.get_metric_history(cli.runs[run_name].info.run_id, key))
-
-
-def test_fsdp_and_ddp_losses_agree(cli: SimpleNamespace) -> None:
-    for key, steps in (("train/loss", list(range(6))), ("val/loss", [1, 3, 5])):
-        ddp, fsdp = history(cli, "ddp", key), history(cli, "fsdp", key)
-        assert [s for s, _ in ddp] == [s for s, _ in fsdp] == steps
-        for (step, a), (_, b) in zip(ddp, fsdp, strict=True):  # FSDP's steps 3-5 come after its resume
-            assert abs(a - b) < LOSS_TOLERANCE, f"{key} at step {step}: DDP {a:.6f} vs FSDP {b:.6f}"
-    losses = [v for _, v in history(cli, "ddp", "train/loss")]
-    assert losses[0] == pytest.approx(math.log(256), abs=0.2) and losses[-1] < losses[0] - 0.2
-
-
-def test_fsdp_checkpoint_is_a_directory_and_resumes_the_same_run(cli: SimpleNamespace) -> None:
-    assert "step=00000003.ckpt" in cli.first_checkpoints
-    shard_dir = cli.cwd / "runs/gpt/fsdp/checkpoints/step=00000006.ckpt"
-    assert shard_dir.is_dir() and sorted(p.name for p in shard_dir.glob("*.distcp")) == ["__0_0.distcp",
-                                                                                          "__1_0.distcp"]
-    assert "Resuming from runs/gpt/fsdp/checkpoints/step=00000003.ckpt (step 3)" in cli.resumed.stderr
-    assert cli.runs["fsdp"].info.status == "FINISHED"
-    assert history(cli, "fsdp", "spot/lost_steps") == [(3, 0.0)]  # nothing redone: it went on from step 3
-
-
-def test_cli_logs_bits_per_byte_and_baselines(cli: SimpleNamespace) -> None:
-    metrics = cli.runs["ddp"].data.metrics
-    assert metrics["val/bpb"] == pytest.approx(metrics["val/loss"] / math.log(2), rel=1e-6)
-    dm = TextDataModule(block_size=32, max_bytes=60_000, val_windows=4, cache_dir=str(cli.cwd / "data/cache/text"))
-    expected = dm.baseline_bits_per_byte()
-    assert metrics["baseline/bigram_bpb"] == pytest.approx(expected["bigram"], rel=1e-12)
-    assert metrics["baseline/unigram_bpb"] == pytest.approx(expected["unigram"], rel=1e-12)
-    assert "baseline/bigram_bpb" in cli.ddp.stdout  # the end summary's rows
-
-
-def test_sample_from_an_fsdp_checkpoint_directory(cli: SimpleNamespace,
-                                                  capsysbinary: pytest.CaptureFixture[bytes]) -> None:
-    ckpt = cli.cwd / "runs/gpt/fsdp/checkpoints/step=00000006.ckpt"
-    assert sample.main(["--ckpt", str(ckpt), "--prompt", "import ", "--max-new-bytes", "12",
-                        "--temperature", "0"]) == 0
-    out = capsysbinary.readouterr().out
-    assert len(out) == len(b"import ") + 12 + 1 and out.startswith(b"import ")

@@ -29,7 +29,7 @@ from datamodules.digits import DigitsDataModule
 from recipes.classifier import ImageClassifier
 from tests.conftest import RecordingLogger
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class FakeMetadata(BaseHTTPRequestHandler):
@@ -219,6 +219,7 @@ while True:
 """
 
 
+@pytest.mark.e2e
 def test_sigkill_during_checkpoint_writes_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(0)
     for attempt in range(8):

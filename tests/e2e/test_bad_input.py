@@ -57,7 +57,7 @@ def test_unreachable_tracking_server_exits_2_naming_it(tmp_path: Path) -> None:
 
 
 def test_failure_mid_run_marks_the_mlflow_run_failed(tmp_path: Path) -> None:
-    result = run_fit(tmp_path, *DIGITS, "--model", "tests.test_bad_input.ExplodingClassifier")
+    result = run_fit(tmp_path, *DIGITS, "--model", "tests.e2e.test_bad_input.ExplodingClassifier")
     assert result.returncode == 1
     assert "boom at step 2" in result.stderr  # a real bug keeps its traceback
     (run,) = runs_of(tmp_path, "digits")
