@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CostMatrix", "CostMatrixError", "DECISION_RULES", "argmax_decisions", "bayes_decisions",
+__all__ = ["DECISION_RULES", "CostMatrix", "CostMatrixError", "argmax_decisions", "bayes_decisions",
            "check_cost_matrix", "decide", "decision_costs", "expected_cost", "load_cost_matrix", "zero_one"]
 
 #: The decision rules a classifier may serve: the most probable class, or the least expected cost.
@@ -181,7 +181,8 @@ def load_cost_matrix(spec: str | Path | Sequence[Sequence[Any]] | np.ndarray | N
                 from None
         if isinstance(data, dict):
             if "costs" not in data:
-                raise CostMatrixError(f"cost matrix file {source} has no 'costs:' key (found: {', '.join(map(str, data))}).")
+                found = ", ".join(map(str, data))
+                raise CostMatrixError(f"cost matrix file {source} has no 'costs:' key (found: {found}).")
             rows, story = data["costs"], str(data.get("story") or "").strip()
             names = classes if classes is not None else data.get("classes")
         else:
