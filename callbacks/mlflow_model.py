@@ -12,9 +12,12 @@ finished, so nothing is logged then.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +36,21 @@ log = logging.getLogger(__name__)
 #: The pyfunc model a classifier is served as (logged as code), and the pure decision math it imports.
 SERVED_CLASSIFIER = Path(__file__).resolve().parent / "utils" / "served_classifier.py"
 DECISION_MATH = Path(__file__).resolve().parent / "analysis" / "decision_cost.py"
+ENABLE_PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+@contextlib.contextmanager
+def _quiet_artifact_downloads() -> Iterator[None]:
+    """No download progress bars while MLflow reloads the model it logs (to infer its output schema)."""
+    previous = os.environ.get(ENABLE_PROGRESS_BAR)
+    os.environ[ENABLE_PROGRESS_BAR] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(ENABLE_PROGRESS_BAR, None)
+        else:
+            os.environ[ENABLE_PROGRESS_BAR] = previous
 
 
 def is_classifier(model: torch.nn.Module) -> bool:
@@ -133,8 +151,10 @@ class LogModel(Callback):
             network = Path(tmp) / "network"
             mlflow.pytorch.save_model(model, str(network), input_example=example.numpy(),
                                       pip_requirements=requirements)
-            with warnings.catch_warnings():  # the output schema has an integer column (class_index): by design
+            with warnings.catch_warnings(), _quiet_artifact_downloads():
+                # by design: an integer output (class_index), and no type hints (the signature is inferred)
                 warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")
+                warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
                 return mlflow.pyfunc.log_model(
                     name=self.name,
                     python_model=str(SERVED_CLASSIFIER),
