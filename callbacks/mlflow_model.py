@@ -152,9 +152,7 @@ class LogModel(Callback):
             mlflow.pytorch.save_model(model, str(network), input_example=example.numpy(),
                                       pip_requirements=requirements)
             with warnings.catch_warnings(), _quiet_artifact_downloads():
-                # by design: an integer output (class_index), and no type hints (the signature is inferred)
-                warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")
-                warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
+                warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")  # class_index
                 return mlflow.pyfunc.log_model(
                     name=self.name,
                     python_model=str(SERVED_CLASSIFIER),

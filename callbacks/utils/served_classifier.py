@@ -20,8 +20,6 @@ own probabilities. A request may pick the rule: ``{"inputs": ..., "params": {"de
 In Python, ``mlflow.pyfunc.load_model(uri).unwrap_python_model().network`` is the PyTorch network.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import mlflow
@@ -37,8 +35,7 @@ except ImportError:  # in this repository (MLflow runs this file once while logg
 class ServedClassifier(mlflow.pyfunc.PythonModel):
     """Network logits -> softmax probabilities -> the decision of the configured (or requested) rule."""
 
-    # no type hints on the pyfunc hooks: MLflow would read them as a schema (the signature is logged instead)
-    def load_context(self, context):
+    def load_context(self, context: Any) -> None:
         config = context.model_config
         self.classes = [str(name) for name in config["classes"]]
         self.costs = np.asarray(config["costs"], dtype=np.float64)
@@ -52,7 +49,8 @@ class ServedClassifier(mlflow.pyfunc.PythonModel):
             logits = self.network(x)
         return logits.float().softmax(dim=-1).double().numpy()
 
-    def predict(self, context, model_input, params=None):
+    # an ndarray input: MLflow infers no schema from this hint (the logged signature has one) and validates nothing
+    def predict(self, context: Any, model_input: np.ndarray, params: dict[str, Any] | None = None) -> list[dict]:
         rule = str((params or {}).get("decision") or self.decision)
         probs = self.probabilities(model_input)
         decisions = decide(self.costs, probs, rule)
