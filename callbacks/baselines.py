@@ -16,6 +16,8 @@ key                                        meaning
 ``baseline/linear_expected_cost``          mean cost of the logistic regression's argmax decisions
 ``baseline/linear_bayes_expected_cost``    mean cost of its Bayes decisions (least expected cost)
 =========================================  ==================================================================
+
+Copy with it: ``analysis/decision_cost.py`` (the cost math; numpy only).
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ Example::
     trainer = Trainer(plugins=[AtomicCheckpointIO()])
     trainer = Trainer(plugins=[BoundedAsyncCheckpointIO(AtomicCheckpointIO(
         mirror=RemoteCheckpoints("s3://bucket/runs/exp/run/checkpoints", Path("runs/exp/run/checkpoints"))))])
+
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
+``storage/{ckpt_store,safe_load,remote_store}.py`` (remote_store needs fsspec).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
 
-from callbacks import ckpt_store
-from callbacks.remote_store import RemoteCheckpoints
+from .storage import ckpt_store
+from .storage.remote_store import RemoteCheckpoints
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,8 @@ The projection is ``spent + remaining steps x recent seconds per step x instance
 the recent speed measured over the last logging window (wall time, so validation and saves count)
 and the remaining steps from ``trainer.estimated_stepping_batches`` (``max_steps`` or
 ``max_epochs`` x batches per epoch / accumulation). Prices come from the catalog
-(``configs/prices.yaml``, see :mod:`callbacks.prices`); the arithmetic from :mod:`callbacks.cost_model`.
+(``callbacks/analysis/prices.yaml``, see :mod:`callbacks.analysis.prices`); the arithmetic from
+:mod:`callbacks.analysis.cost`.
 
 Logged metrics (rank 0; every ``log_every_n_steps`` optimizer steps, at train start after a resume
 and at train end):
@@ -54,13 +55,15 @@ key                         meaning
 ``cost/lost_steps``         optimizer steps run more than once
 ``cost/restart_s``          seconds of restart gaps billed
 ==========================  =====================================================================
+
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
+``analysis/{cost,prices}.py``, ``analysis/prices.yaml`` and ``utils/steps_file.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -69,8 +72,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from callbacks.cost_model import run_cost, savings_pct
-from callbacks.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
+from .analysis.cost import run_cost, savings_pct
+from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
+from .utils.steps_file import PROGRESS_FILE, StepsFile, read_steps_run
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -78,8 +82,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Sidecar file, beside the checkpoints, holding the job's optimizer steps run (redone ones included).
-PROGRESS_FILE = "cost_steps_run.txt"
-_PROGRESS_WIDTH = 20
 
 
 def default_instances(instance: Instance, world_size: int, num_nodes: int) -> int:
@@ -98,14 +100,6 @@ def default_instances(instance: Instance, world_size: int, num_nodes: int) -> in
     return max(1, int(num_nodes), math.ceil(world_size / instance.gpus))
 
 
-def read_steps_run(path: Path) -> int | None:
-    """The steps run recorded in a sidecar file, or None when it is missing or unreadable."""
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
 def _usd(value: float) -> str:
     return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
 
@@ -116,7 +110,7 @@ class CostTracker(Callback):
     Args:
         instance: Instance name in the price catalog (``cpu-local`` costs nothing).
         market: ``"on_demand"`` or ``"spot"``: the market ``cost/usd`` is billed at.
-        catalog: A price catalog YAML; None for the repository's ``configs/prices.yaml``.
+        catalog: A price catalog YAML; None for the repository's ``callbacks/analysis/prices.yaml``.
         price_on_demand: Override the on-demand USD per instance-hour.
         price_spot: Override the spot USD per instance-hour.
         instances: Instances billed; None derives it at setup from the world size, the number of nodes
@@ -191,7 +185,7 @@ class CostTracker(Callback):
         self._window: tuple[float, int] | None = None
         self._recent_step_s: float | None = None
         self._total_steps: float | None = None
-        self._progress_fd: int | None = None
+        self._steps_file: StepsFile | None = None
         self._final: dict[str, float] = {}
 
     # ---------------------------------------------------------------- arithmetic
@@ -273,25 +267,14 @@ class CostTracker(Callback):
         found = [n for n in (read_steps_run(p) for p in places) if n is not None]
         return max(found) if found else None
 
-    def _open_progress(self, trainer: Trainer) -> None:
-        path = self._progress_dir(trainer) / PROGRESS_FILE
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._progress_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        except OSError as err:
-            log.warning("CostTracker: cannot write %s (%s); lost work after a hard kill will not be counted.",
-                        path, err)
-            self._progress_fd = None
-
     def _write_progress(self, trainer: Trainer) -> None:
-        if self._progress_fd is not None:
-            steps_run = trainer.global_step + self.lost_steps
-            os.pwrite(self._progress_fd, f"{steps_run:>{_PROGRESS_WIDTH}d}\n".encode(), 0)
+        if self._steps_file is not None:
+            self._steps_file.write(trainer.global_step + self.lost_steps)
 
     def _close_progress(self) -> None:
-        if self._progress_fd is not None:
-            os.close(self._progress_fd)
-            self._progress_fd = None
+        if self._steps_file is not None:
+            self._steps_file.close()
+            self._steps_file = None
 
     # ------------------------------------------------------------------- hooks
     @override
@@ -323,7 +306,7 @@ class CostTracker(Callback):
             sidecar = self._sidecar_steps_run(trainer)
             self.lost_steps = max(saved_lost, (sidecar or 0) - step)
         if trainer.is_global_zero:
-            self._open_progress(trainer)
+            self._steps_file = StepsFile(self._progress_dir(trainer))
             self._write_progress(trainer)
             if self._resumed_step is not None:
                 self._log(trainer)

@@ -13,6 +13,8 @@ key                        meaning
 ``baseline/unigram_bpb``   validation bits per byte of byte frequencies alone
 ``baseline/bigram_bpb``    validation bits per byte given the previous byte
 =========================  =====================================================
+
+Copy with it: nothing; this file works alone.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ key                meaning
 ``lr/scale``       ``k``, logged once at train start
 ``lr/batch``       the global batch ``B`` that ``k`` was computed from, logged once
 =================  =========================================================================
+
+Copy with it: nothing; this file works alone.
 """
 
 from __future__ import annotations

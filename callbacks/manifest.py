@@ -4,6 +4,8 @@
 (Python, torch, Lightning, MLflow versions and the full list of installed distributions), the
 machine (host, CPU, GPUs), the world size, the seed and a fingerprint of the training data.
 The callback writes it into the run directory at fit start and logs it to MLflow (rank 0).
+
+Copy with it: nothing; this file works alone.
 """
 
 from __future__ import annotations

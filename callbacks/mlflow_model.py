@@ -8,6 +8,8 @@ Either way the model gets an input example and a signature (the network's pt2 fo
 Under FSDP the parameters are sharded: the full state dict is gathered (a collective on every rank) into
 an unsharded copy of the module on rank 0 first. A fit that stopped on an interruption notice is not
 finished, so nothing is logged then.
+
+Copy with it: ``utils/served_classifier.py`` and ``analysis/decision_cost.py`` (for classifiers).
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ see them. This subclass records and uploads such a directory once every rank has
 Example::
 
     trainer = Trainer(callbacks=[PublishedModelCheckpoint(monitor="val/acc", mode="max")])
+
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
+``storage/{ckpt_store,safe_load,remote_store}.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from callbacks import ckpt_store
-from callbacks.checkpoint_io import mirror_of
+from .checkpoint_io import mirror_of
+from .storage import ckpt_store
 
 
 def mlflow_run_id(trainer: Trainer) -> str | None:

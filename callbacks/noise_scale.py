@@ -3,7 +3,7 @@
 ``B_simple = tr(Sigma) / |G|^2`` is the batch size at which the gradient's noise and its signal are
 about equal: below it, doubling the batch nearly halves the steps needed; far above it, extra examples
 buy little. Estimating it needs the squared norm of the gradient at two batch sizes in the same step
-(the estimators are in :mod:`callbacks.noise_scale_math`), and training already computes both:
+(the estimators are in :mod:`callbacks.analysis.noise_scale`), and training already computes both:
 
 * **several processes (DDP)**: a DDP communication hook sees each bucket's local gradient before the
   all-reduce (``B_small`` = the per-rank batch; its squared norm is averaged over ranks) and the
@@ -19,7 +19,7 @@ short last batch of an epoch) are skipped. Under fp16 mixed precision the two no
 loss scale squared; ``B_simple``, a ratio, does not.
 
 DDP allows one communication hook per module. This callback's hook wraps the all-reduce and
-composes with other hooks through :func:`callbacks.comm_hooks.add_comm_hook_wrapper`: callbacks that
+composes with other hooks through :func:`callbacks.utils.comm_hooks.add_comm_hook_wrapper`: callbacks that
 follow that convention (StepTiming does, with its optional compression as the base hook) all observe
 the same buckets. A hook registered directly by other code cannot be wrapped after the fact; the
 callback then disables itself and says which hook is in the way.
@@ -33,6 +33,9 @@ key                           meaning
 ``noise_scale/batch_used``    the global batch per optimizer step (``B_big``)
 ``noise_scale/batch_small``   the smaller batch of the estimate (``B_small``)
 ============================  =======================================================================
+
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``analysis/noise_scale.py``,
+``utils/comm_hooks.py``.
 """
 
 from __future__ import annotations
@@ -47,13 +50,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
-from callbacks.noise_scale_math import (
-    HOOK_CHAIN_ATTR,
-    NoiseScaleCommHook,
-    NoiseScaleEMA,
-    add_comm_hook_wrapper,
-    suggest_batch_note,
-)
+from .analysis.noise_scale import NoiseScaleEMA, suggest_batch_note
+from .utils.comm_hooks import HOOK_CHAIN_ATTR, NoiseScaleCommHook, add_comm_hook_wrapper
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer

@@ -7,6 +7,8 @@ Lightning's ``RichProgressBar`` labels the bar ``Epoch {current}/{max_epochs - 1
 Example::
 
     trainer = Trainer(callbacks=[RunProgressBar(leave=True)], max_steps=300)
+
+Copy with it: nothing; this file works alone.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Notices come from signals (SIGTERM from Kubernetes and most schedulers, SIGUSR1 from SLURM's
 ``--signal=USR1@90``), from the cloud's metadata service (polled in a thread, see
-``callbacks/notices.py``), or from a fire drill. Handlers and pollers only set a flag; at each
+``callbacks/utils/notices.py``), or from a fire drill. Handlers and pollers only set a flag; at each
 training-batch end (and at the end of validation) the ranks agree on it with one small
 all-reduce, then all save the same step, synchronously, and stop together. No collective ever
 runs inside a signal handler (Lightning's own SIGTERM handler broadcasts inside the handler,
@@ -28,6 +28,9 @@ key                        meaning
 ``spot/notice_to_saved_s`` seconds from the notice to the checkpoint published on disk
 ``spot/lost_steps``        steps redone after a resume (work since the last checkpoint)
 =========================  ===========================================================
+
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
+``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/notices.py``, ``analysis/ckpt_interval.py``.
 """
 
 from __future__ import annotations
@@ -35,16 +38,13 @@ from __future__ import annotations
 import logging
 import os
 import random
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
@@ -52,8 +52,10 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from callbacks import ckpt_store, notices
-from callbacks.checkpoint_io import RUN_METADATA_KEY, mirror_of
+from .checkpoint_io import RUN_METADATA_KEY, mirror_of
+from .storage import ckpt_store
+from .utils import notices
+from .utils.rng import rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -64,33 +66,6 @@ log = logging.getLogger(__name__)
 REQUEUE_EXIT_CODE = 75
 #: File name pattern of the checkpoints this callback writes (``step=00000042.ckpt``).
 CHECKPOINT_PATTERN = "step=*.ckpt"
-
-_SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGINT": signal.SIGINT}
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states as plain Python values (safe for ``weights_only`` loading and gloo)."""
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
-        "torch": torch.get_rng_state().tolist(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
-
 
 class SpotCheckpoint(Callback):
     """Act on interruption notices, save periodically, and make resumes exact.
@@ -156,9 +131,9 @@ class SpotCheckpoint(Callback):
         if provider not in ("auto", "aws", "gcp", "azure", "none"):
             raise ValueError(f"SpotCheckpoint(provider={provider!r}) must be auto, aws, gcp, azure or none.")
         signals = ["SIGTERM", "SIGUSR1"] if signals is None else signals
-        unknown = [s for s in signals if s not in _SIGNALS]
+        unknown = [s for s in signals if s not in notices.SIGNALS]
         if unknown:
-            raise ValueError(f"SpotCheckpoint(signals={unknown!r}): known signals are {sorted(_SIGNALS)}.")
+            raise ValueError(f"SpotCheckpoint(signals={unknown!r}): known signals are {sorted(notices.SIGNALS)}.")
         if every_minutes == "auto" and interruption_rate <= 0:
             raise ValueError("SpotCheckpoint(every_minutes='auto') needs interruption_rate > 0 "
                              f"(got {interruption_rate!r}) to derive the MTBF.")
@@ -202,8 +177,7 @@ class SpotCheckpoint(Callback):
         self.notice: notices.Notice | None = None
         self._notice_time: float | None = None
         self._flag = threading.Event()
-        self._original_handlers: dict[int, Any] = {}
-        self._active = False
+        self._signals = notices.SignalNotices(signals, self.notify)
         self._poller: notices.NoticePoller | None = None
         self._pending_rng: list[dict[str, Any]] | None = None
         self._last_save_time = time.monotonic()
@@ -217,36 +191,13 @@ class SpotCheckpoint(Callback):
             self.notice = notice
             self._flag.set()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._active:
-            self.notify(notices.Notice("signal", signal.Signals(signum).name))
-            return
-        # after teardown (Lightning may re-install this handler when it restores its own): act as before
-        previous = self._original_handlers.get(signum, signal.SIG_DFL)
-        if callable(previous):
-            previous(signum, frame)
-        else:
-            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
-            os.kill(os.getpid(), signum)
-
     def install_signal_handlers(self) -> None:
         """Make the configured signals set the notice flag (and nothing else)."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        self._active = True
-        for name in self.signals:
-            signum = _SIGNALS[name]
-            previous = signal.signal(signum, self._on_signal)
-            if previous is not self._on_signal:
-                self._original_handlers.setdefault(signum, previous)
+        self._signals.install()
 
     def restore_signal_handlers(self) -> None:
         """Give the signals back to the handlers found at install time."""
-        self._active = False
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum, handler in self._original_handlers.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._signals.restore()
 
     def _start_poller(self, trainer: Trainer) -> None:
         provider = self.provider
@@ -316,7 +267,7 @@ class SpotCheckpoint(Callback):
 
     def _choose_interval(self, trainer: Trainer, save_cost_s: float) -> None:
         """Daly's interval from the first measured save (the stall training pays) and the job's MTBF."""
-        from callbacks.ckpt_interval import daly_interval, expected_overhead, interval_mismatch, mtbf_from_rate
+        from .analysis.ckpt_interval import daly_interval, expected_overhead, interval_mismatch, mtbf_from_rate
 
         self._interval_checked = True
         save_cost_s = max(save_cost_s, 1e-3)
@@ -382,20 +333,8 @@ class SpotCheckpoint(Callback):
             self._requeue()
 
     def _requeue(self) -> None:
-        job = os.environ.get("SLURM_JOB_ID")
-        if not self.requeue_slurm or not job:
-            return
-        array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-        job_id = f"{array_job}_{task}" if array_job and task else job
-        scontrol = shutil.which("scontrol")
-        if scontrol is None:
-            log.warning("SLURM job %s: scontrol not found, cannot requeue.", job_id)
-            return
-        result = subprocess.run([scontrol, "requeue", job_id], check=False, capture_output=True, text=True)
-        if result.returncode == 0:
-            log.warning("Requeued SLURM job %s.", job_id)
-        else:
-            log.warning("scontrol requeue %s failed (%d): %s", job_id, result.returncode, result.stderr.strip())
+        if self.requeue_slurm:
+            notices.requeue_slurm_job()
 
     @staticmethod
     def _log(trainer: Trainer, metrics: dict[str, float]) -> None:

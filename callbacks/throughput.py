@@ -24,6 +24,8 @@ key                             meaning
 ``train/device/mfu``            device FLOP/s / peak dense FLOP/s (when known)
 ``train/lengths``               tokens seen by one device since training (re)started
 ==============================  ==================================================
+
+Copy with it: nothing; this file works alone.
 """
 
 from __future__ import annotations

@@ -4,103 +4,25 @@ The 1,797 8x8 images ship inside scikit-learn, so the default recipe trains on a
 with no download. The train/val split is stratified and seeded, so it is the same on every
 rank and every relaunch.
 
-The training loader is a ``StatefulDataLoader`` over a :class:`PassSampler`: Lightning saves its
-position in every checkpoint, and a resumed run sees exactly the batches an uninterrupted run
-would have seen, on one device and under DDP alike, wherever the interruption fell (torch's
-plain ``DistributedSampler`` keeps no epoch in the loader state, and torchdata's stateful one
-takes its epoch from Lightning's counter, which is one ahead after some resumes).
+The training loader is :func:`datamodules.loaders.stateful_train_loader`: a resumed run sees exactly
+the batches an uninterrupted run would have seen.
+
+Copy with it: ``datamodules/loaders.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
-from typing_extensions import override
 
-
-class PassSampler(DistributedSampler):
-    """A shuffled, rank-sharded sampler that counts its own passes over the data and resumes inside one.
-
-    Pass ``p`` visits this rank's share of the permutation seeded with ``seed + p`` (exactly what
-    ``DistributedSampler`` yields in epoch ``p``). The state is ``{"epoch": p, "yielded": k}``; the
-    ``StatefulDataLoader`` saves and restores it, and a new iteration continues the current pass or,
-    once it is complete, starts the next one.
-
-    Which epoch is right after a resume depends on where the checkpoint was written, and two
-    sources disagree: Lightning's epoch counter (``set_epoch``) is one ahead when the checkpoint was
-    written in ``on_train_epoch_end`` or when ``max_steps`` cut the epoch short, while the loader
-    restores no sampler state at all when its iterator had already finished (a checkpoint written
-    at the end of the epoch's validation). So: once a state was restored, the sampler's own count
-    rules and ``set_epoch`` is ignored; without one, ``set_epoch`` starts the pass it names. Both
-    resume paths are tested bitwise against uninterrupted runs.
-    """
-
-    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
-        self.yielded = 0
-        self._restored = False
-
-    @override
-    def set_epoch(self, epoch: int) -> None:
-        """Start pass ``epoch``, unless a restored state says where we are (see the class docstring)."""
-        if not self._restored:
-            self.epoch, self.yielded = epoch, 0
-
-    @override
-    def __iter__(self) -> Iterator[int]:
-        if self.yielded >= self.num_samples:  # the previous pass is complete
-            self.epoch += 1
-            self.yielded = 0
-        indices = list(super().__iter__())
-        for index in indices[self.yielded:]:
-            self.yielded += 1
-            yield index
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "yielded": self.yielded}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.epoch = int(state_dict["epoch"])
-        self.yielded = int(state_dict["yielded"])
-        self._restored = True
-
-
-def stateful_train_loader(
-    dataset: Dataset,
-    batch_size: int,
-    seed: int,
-    trainer: pl.Trainer | None,
-    num_workers: int = 0,
-) -> StatefulDataLoader:
-    """A resumable, shuffled training loader sharded over the trainer's ranks (one process without a trainer).
-
-    Args:
-        dataset: the training set.
-        batch_size: samples per batch on each rank.
-        seed: seed of the shuffle; pass ``p`` over the data uses the permutation seeded ``seed + p``.
-        trainer: the attached trainer (gives world size and rank); ``None`` means one process.
-        num_workers: loader worker processes.
-    """
-    world_size = trainer.world_size if trainer is not None else 1
-    rank = trainer.global_rank if trainer is not None else 0
-    return StatefulDataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=PassSampler(dataset, world_size, rank, seed),
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-        # its own generator: creating an iterator then draws no number from the global torch RNG, so
-        # the model's RNG stream does not depend on when a resumed run re-creates its iterators
-        generator=torch.Generator().manual_seed(seed + rank),
-    )
+from .loaders import stateful_train_loader
 
 
 class DigitsDataModule(pl.LightningDataModule):

@@ -21,7 +21,7 @@ How the data is made, once:
 Windows of ``block_size + 1`` bytes become ``(x, y)`` pairs (``y`` is ``x`` shifted by one).
 Training windows start at ``num_samples`` positions drawn once from a generator seeded with
 ``shuffle_seed``; the dataset is indexed by sample number and read through a ``StatefulDataLoader``
-over a :class:`datamodules.digits.PassSampler` (pass ``p`` is the permutation of ``shuffle_seed + p``, sharded over
+over a :class:`datamodules.loaders.PassSampler` (pass ``p`` is the permutation of ``shuffle_seed + p``, sharded over
 the ranks, and the sampler saves which pass it is in), so a resumed run sees exactly the windows
 an uninterrupted one would have seen, mid-epoch and across epoch boundaries. Validation windows
 sit at fixed, evenly spaced positions, and every rank evaluates all of them (exact metrics, no
@@ -29,6 +29,8 @@ padding).
 
 ``baseline_bits_per_byte()`` gives the add-one-smoothed unigram and bigram models' bits per byte,
 counted on the train split and scored on exactly the bytes the model's ``val/bpb`` scores.
+
+Copy with it: ``datamodules/loaders.py``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from datamodules.digits import stateful_train_loader
+from .loaders import stateful_train_loader
 
 #: Folders never part of a corpus (installed packages are not the standard library).
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", ".git"})

@@ -9,7 +9,7 @@ running a transform per sample, which would make the data loader the bottleneck 
 The official training set is split into train and validation, stratified by class and seeded by
 ``split_seed``, so the split is the same on every rank and every relaunch. The official test set
 is never loaded: it stays untouched for a final, once-only evaluation. The training loader is
-:func:`datamodules.digits.stateful_train_loader`, so a resumed run sees exactly the batches an
+:func:`datamodules.loaders.stateful_train_loader`, so a resumed run sees exactly the batches an
 uninterrupted one would have.
 
 Files: ``prepare_data`` downloads them (Lightning calls it on one process per node before
@@ -27,6 +27,8 @@ Config example (the ``data`` section of a recipe config)::
         download: true
         batch_size: 256
         val_fraction: 0.1      # 45,000 train / 5,000 val images
+
+Copy with it: ``datamodules/loaders.py``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.datasets import CIFAR10, MNIST
 
-from datamodules.digits import stateful_train_loader
+from .loaders import stateful_train_loader
 
 Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 

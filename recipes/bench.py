@@ -46,7 +46,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -62,6 +62,7 @@ from typing_extensions import override
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
 from recipes import chaos
+from recipes.common import ArgumentParser, HelpFormatter, UsageError
 
 PROG = "python -m recipes.bench"
 #: Goals: full recipe vs plain Lightning, full recipe vs plain PyTorch, async vs sync checkpoint stall.
@@ -72,24 +73,6 @@ MIN_STEP_S = 0.050
 #: The overhead benchmark's variants, in run order within each round.
 VARIANTS = {"a": "(a) plain PyTorch loop", "b": "(b) plain Lightning", "b+timing": "(b) + StepTiming only",
             "c": "(c) full recipe + MLflow"}
-
-
-class UsageError(Exception):
-    """Bad command-line input: one line on stderr, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Each option's default after its help, except an uninformative ``None`` or ``False``."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
 
 
 # --------------------------------------------------------------------------- pure maths
@@ -754,12 +737,13 @@ def print_contention(figures: dict[str, Any], console: Console) -> None:
 
 # --------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None, formatter_class=_Help)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None,
+                            formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     over = sub.add_parser("overhead", help="plain PyTorch vs plain Lightning vs the full recipe",
                           description="Throughput of one MLP trained as (a) a plain PyTorch loop, (b) plain "
                                       "Lightning, (c) the full recipe; goals c/b >= 0.99, c/a >= 0.95.",
-                          formatter_class=_Help)
+                          formatter_class=HelpFormatter)
     over.add_argument("--steps", type=int, default=40, help="optimizer steps per variant and round, warm-up included")
     over.add_argument("--warmup", type=int, default=10, help="steps before the throughput window opens")
     over.add_argument("--rounds", type=int, default=3,
@@ -779,7 +763,7 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt = sub.add_parser("checkpoint", help="periodic checkpoint stall, sync vs async",
                           description="How long periodic checkpoints stall the training loop, synchronous vs "
                                       "asynchronous writer; goal async <= 20% of sync.",
-                          formatter_class=_Help)
+                          formatter_class=HelpFormatter)
     ckpt.add_argument("--steps", type=int, default=40, help="optimizer steps per writer and round, warm-up included")
     ckpt.add_argument("--warmup", type=int, default=5, help="steps before the timed window (their saves not counted)")
     ckpt.add_argument("--every", type=int, default=10, help="save a checkpoint every this many steps")
@@ -793,7 +777,7 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_arguments(sub.add_parser("chaos", help="seeded random faults on one digits run, relaunched after "
                                                      "each, then checked (see recipes/chaos.py)"))
     cont = sub.add_parser("contention", help="the digits recipe's step quiet and beside a busy process, per "
-                                             "CPU thread setting", formatter_class=_Help,
+                                             "CPU thread setting", formatter_class=HelpFormatter,
                           description="Single-process step time of the default digits recipe, quiet and beside one "
                                       "CPU-bound busy loop, for torch's default threads (active wait), the same "
                                       "with OMP_WAIT_POLICY=PASSIVE, and one thread.")

@@ -53,7 +53,15 @@ and the steps it has left):
 - ``double_launch``: the same command twice at once; the second must be refused with exit 2; the
   survivor is stopped by SIGTERM at a training-phase moment.
 
-Not covered yet: object-storage runs (``--runs_root s3://...``) and a bucket outage during one.
+- ``bucket_outage`` (``--store s3`` only): every launch's run root is ``s3://atscale-chaos/...`` on moto's S3
+  server on 127.0.0.1, reached through a proxy in the soak; at the moment the proxy fails every request, new and
+  in flight, for 2-10 s (``reset``: connections cut; ``503``: ServiceUnavailable), one time in three with a
+  SIGTERM half-way (the notice save uploads into the outage); then the bucket comes back and the launch is
+  waited for (exit 0, 75, or 2 with one ``error:`` line when the bucket was down at its start; no traceback).
+
+With ``--store s3`` every other kind runs on the object-storage run too (the staging directory is local), the
+expected resume point is what the CLI picks between the bucket and the staging directory, and two more checks
+apply: ``pointer_complete`` after every launch, and ``bitwise_equal`` on what the bucket's pointer names.
 
 Invariants (each fault's problems name the one they break; the exit status is 1 if any breaks):
 
@@ -80,6 +88,8 @@ Invariants (each fault's problems name the one they break; the exit status is 1 
 - ``double_launch_refused``: one of two simultaneous launches exits 2 before training, the other runs;
 - ``store_usable``: the MLflow store has the reference store's schema version and tables, and
   no launch after a store kill fails on it.
+- ``pointer_complete`` (``--store s3``): after every launch, the bucket's ``latest.json`` names a checkpoint
+  whose record and every object are there with the recorded size and SHA-256 (read straight from moto).
 
 Per fault the JSON (``--out``) holds the kind, the moment, the exit code(s), the lost work in steps
 (the furthest step the struck launch logged to MLflow's ``train/loss`` minus the step the next
@@ -99,10 +109,13 @@ import logging
 import os
 import random
 import re
+import select
 import shutil
 import signal
+import socket
 import sqlite3
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -118,17 +131,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from callbacks import ckpt_store
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE, SpotCheckpoint
+from callbacks.storage import ckpt_store
+from recipes.common import USAGE_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double_launch")
+KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double_launch", "bucket_outage")
+#: Kinds that need an object-storage run root (``--store s3``).
+STORE_KINDS = ("bucket_outage",)
+STORES = ("local", "s3")
 EXPERIMENT = "digits"
 #: How many ``step=*`` checkpoints the run keeps (SpotCheckpoint's default; the soak does not change it).
 KEEP = inspect.signature(SpotCheckpoint).parameters["keep"].default
-USAGE_EXIT_CODE = 2
 INVARIANTS = ("finished", "bitwise_equal", "one_mlflow_run", "no_run_left_running", "resumed_from_newest",
-              "no_checkpoint_lost", "clean_exit", "double_launch_refused", "store_usable")
+              "no_checkpoint_lost", "clean_exit", "double_launch_refused", "store_usable", "pointer_complete")
 _RESUME = re.compile(r"Resuming from (\S+) \(step (\d+)")
 _COMPLETE = re.compile(r"is already complete \(finished at step (\d+)")
 _STORE_ERROR = re.compile(r"sqlalchemy|alembic|no such table|database is locked|schema", re.IGNORECASE)
@@ -395,6 +411,210 @@ class Disk:
             self.mounted = False
 
 
+class Bucket:
+    """A local object store for ``--store s3``: moto's S3 server on loopback, reached through a proxy that can fail.
+
+    moto keeps its objects in memory, so stopping it would lose the bucket; instead every launch talks to
+    a small TCP proxy in this process (``endpoint``), and an *outage* makes the proxy fail every request,
+    new and in flight: ``reset`` cuts connections (the network is gone: botocore's EndpointConnectionError),
+    ``503`` answers ``503 ServiceUnavailable`` (the service errs). The soak itself reads the bucket straight
+    from moto (``direct``), so it can check the pointer while the launches see an outage.
+    """
+
+    NAME = "atscale-chaos"
+    MODES = ("reset", "503")
+    _ERROR = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>ServiceUnavailable</Code>"
+              b"<Message>chaos soak: bucket outage</Message></Error>")
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.server: subprocess.Popen | None = None
+        self.direct = ""
+        self.endpoint = ""
+        self.mode = "up"
+        self.outages: list[list[Any]] = []  # [mode, seconds] of every outage so far
+        self._listener: socket.socket | None = None
+        self._fs: Any = None
+
+    def env(self) -> dict[str, str]:
+        """What a launch needs to reach the bucket (through the proxy) with the standard AWS variables only."""
+        return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": self.endpoint}
+
+    def url(self, *parts: str) -> str:
+        return "/".join([f"s3://{self.NAME}", *parts])
+
+    def start(self) -> None:
+        """Start moto on a free port, create the bucket, open the proxy."""
+        import urllib.request
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
+        with open(self.log, "ab") as out:
+            self.server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                           env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+        self.direct = f"http://127.0.0.1:{port}"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with opener.open(f"{self.direct}/moto-api/", timeout=2):
+                    break
+            except OSError:
+                if self.server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's S3 server did not start; see {self.log}") from None
+                time.sleep(0.2)
+        self.fs().call_s3("create_bucket", Bucket=self.NAME)
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, name="bucket-proxy", daemon=True).start()
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            try:
+                self.server.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait(10)
+
+    def fs(self) -> Any:
+        """An s3fs filesystem straight on moto (not through the proxy): the soak's own view of the bucket."""
+        if self._fs is None:
+            import s3fs
+
+            self._fs = s3fs.S3FileSystem(key="testing", secret="testing", skip_instance_cache=True,
+                                         client_kwargs={"endpoint_url": self.direct, "region_name": "us-east-1"})
+        return self._fs
+
+    def down(self, mode: str) -> None:
+        assert mode in self.MODES, mode
+        self.mode = mode
+        self.outages.append([mode, None])
+        self._down_at = time.monotonic()
+
+    def up(self) -> None:
+        if self.mode != "up":
+            self.outages[-1][1] = round(time.monotonic() - self._down_at, 3)
+        self.mode = "up"
+
+    # ------------------------------------------------------------ the proxy
+    def _accept(self) -> None:
+        listener = self._listener
+        while listener is not None:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            target = self._pump if self.mode == "up" else self._refuse
+            threading.Thread(target=target, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _reset(sock: socket.socket) -> None:
+        """Close with a TCP reset (SO_LINGER 0), as a vanished network path or a dead server does."""
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        except OSError:
+            pass
+
+    def _refuse(self, conn: socket.socket) -> None:
+        if self.mode == "503":
+            conn.settimeout(5)
+            head = b""
+            try:
+                while b"\r\n\r\n" not in head and len(head) < 1 << 16:
+                    chunk = conn.recv(1 << 16)
+                    if not chunk:
+                        break
+                    head += chunk
+                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(self._ERROR) + self._ERROR)
+            except OSError:
+                pass
+        self._reset(conn)
+
+    def _pump(self, conn: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", int(self.direct.rsplit(":", 1)[1])), timeout=10)
+        except OSError:
+            self._reset(conn)
+            return
+        try:
+            while self.mode == "up":  # an outage cuts connections in flight too (an upload half-sent)
+                ready, _, _ = select.select([conn, upstream], [], [], 0.1)
+                for sock in ready:
+                    data = sock.recv(1 << 16)
+                    if not data:
+                        return
+                    (upstream if sock is conn else conn).sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._reset(conn)
+            self._reset(upstream)
+
+    # ------------------------------------------------------------ what the bucket holds
+    def verified(self, url: str, name: str) -> tuple[dict[str, Any] | None, str | None]:
+        """``(record, None)`` if checkpoint ``name`` under ``url`` is complete and every object matches its
+        record's size and SHA-256; else ``(record or None, why not)``."""
+        import hashlib
+
+        fs, root = self.fs(), url[len("s3://"):]
+        try:
+            record = json.loads(fs.cat_file(f"{root}/{name}{ckpt_store.META_SUFFIX}"))
+        except FileNotFoundError:
+            return None, f"{name} has no record"
+        for rel, want in record["files"].items():
+            key = "/".join(p for p in (root, name, rel) if p)
+            try:
+                data = fs.cat_file(key)
+            except FileNotFoundError:
+                return record, f"{rel or name} is missing"
+            if len(data) != want["size"] or hashlib.sha256(data).hexdigest() != want["sha256"]:
+                return record, f"{rel or name} has {len(data)} bytes / a SHA-256 unlike its record's"
+        return record, None
+
+    def pointer(self, url: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.fs().cat_file(f"{url[len('s3://'):]}/latest.json"))
+        except FileNotFoundError:
+            return None
+
+    def records(self, url: str) -> list[dict[str, Any]]:
+        """Every checkpoint record under ``url``, newest (step, then save time) first; unverified."""
+        fs, root = self.fs(), url[len("s3://"):]
+        fs.invalidate_cache()
+        try:
+            metas = [p for p in fs.ls(root, detail=False, refresh=True) if p.endswith(ckpt_store.META_SUFFIX)]
+        except FileNotFoundError:
+            return []
+        return sorted((json.loads(fs.cat_file(p)) for p in metas),
+                      key=lambda r: (int(r["global_step"]), float(r["saved_at"])), reverse=True)
+
+    def newest(self, url: str) -> tuple[str, int] | None:
+        """What a launch resumes from in the bucket: the pointer's checkpoint if it verifies, else the newest
+        record (by step, then save time) that does (as ``RemoteCheckpoints.fetch_newest_good``)."""
+        self.fs().invalidate_cache()
+        pointer = self.pointer(url)
+        if pointer is not None and self.verified(url, pointer["name"])[1] is None:
+            return pointer["name"], int(pointer["global_step"])
+        for record in self.records(url):
+            if self.verified(url, record["name"])[1] is None:
+                return record["name"], int(record["global_step"])
+        return None
+
+
 # --------------------------------------------------------------------------- records
 @dataclass
 class Fault:
@@ -466,6 +686,8 @@ class Soak:
         self.chaos = self.work / "chaos"
         self.store = Store(self.chaos / "mlflow.db")
         self.disk = Disk(self.chaos / "runs", args.tmpfs_mb)
+        #: ``--store s3``: the object store every launch's run root is in (started by :meth:`open_bucket`).
+        self.bucket = Bucket(self.logs / "moto.log") if getattr(args, "store", "local") == "s3" else None
         self.launch_count = 0
         self.launches: list[Launch] = []
         self.faults: list[Fault] = []
@@ -488,12 +710,42 @@ class Soak:
         cmd += ["--spot.every_n_steps", str(a.every), "--trainer.log_every_n_steps", "1", "--log_model", "false",
                 "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
                 "--run_name", run_name, *extra]
+        if self.bucket is not None:
+            cmd += ["--runs_root", self.runs_url(run_name)]
         return cmd
+
+    def runs_url(self, run_name: str) -> str:
+        """``--store s3``: the run root in the bucket (the reference has a root of its own)."""
+        assert self.bucket is not None
+        return self.bucket.url("reference" if run_name == "reference" else f"{self.prefix}-runs")
+
+    def ckpt_url(self, run_name: str) -> str:
+        return f"{self.runs_url(run_name)}/{EXPERIMENT}/{run_name}/checkpoints"
+
+    def open_bucket(self) -> None:
+        if self.bucket is not None:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            self.bucket.start()
+
+    def expected_resume(self, run_name: str, workdir: Path | None = None) -> tuple[str, int] | None:
+        """The checkpoint a launch should resume from: the newest good staged one, or with ``--store s3`` what
+        the CLI picks between the bucket and the staging directory (the bucket's, unless a newer one is staged)."""
+        staged = newest_good(self.ckpt_dir(run_name, workdir))
+        if self.bucket is None:
+            return staged
+        url = self.ckpt_url(run_name)
+        fetched = self.bucket.newest(url)
+        if fetched is None:  # the CLI uploads the staged one first only into a bucket without any record
+            return staged if not self.bucket.records(url) else None
+        return staged if staged is not None and staged[1] > fetched[1] else fetched
 
     def env(self, workdir: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ATSCALE_", "SLURM_", "MLFLOW_"))}
         env.update({"MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}", "PYTHONPATH": str(self.repo),
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+        if self.bucket is not None:
+            env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+            env.update(self.bucket.env())
         return env
 
     def ckpt_dir(self, run_name: str, workdir: Path | None = None) -> Path:
@@ -503,7 +755,7 @@ class Soak:
         workdir = workdir or self.chaos
         self.launch_count += 1
         stem = self.logs / f"{self.launch_count:04d}-{label.replace(' ', '_')}"
-        expected = newest_good(self.ckpt_dir(run_name, workdir))
+        expected = self.expected_resume(run_name, workdir)
         with open(f"{stem}.out", "wb") as out, open(f"{stem}.err", "wb") as err:
             started, t0 = time.time(), time.monotonic()
             proc = subprocess.Popen(self.command(run_name, extra), cwd=workdir, env=self.env(workdir),
@@ -794,6 +1046,52 @@ class Soak:
                        f"{'both ran' if not refused else 'both refused'}")
         return pair
 
+    def fault_outage(self, fault: Fault, plan: PlannedFault) -> list[Launch]:
+        """The bucket fails every request for 2-10 s from the planned moment, then comes back.
+
+        A truncate/flip draw picks the way it fails (``reset``: connections cut; ``503``: ServiceUnavailable), the
+        cut draw the duration; one time in three the launch gets SIGTERM half-way through the outage (its notice
+        save cannot be uploaded). It is then waited for: it must finish, stop as signalled, or exit with a one-line
+        error; the bucket's pointer must still name a complete checkpoint (checked after every launch).
+        """
+        assert self.bucket is not None
+        mode = "reset" if plan.corrupt_mode == "truncate" else "503"
+        duration = round(2.0 + 8.0 * plan.cut, 2)
+        fault.detail.update({"mode": mode, "planned_s": duration, "sigterm_during": plan.explicit})
+        launch = self.start(fault.run_name, fault.kind)
+        try:
+            self.strike(fault, [launch], self.moment(plan, [launch]), lambda: self.bucket.down(mode))
+            if fault.struck:
+                started = launch.elapsed()
+                if plan.explicit and self.wait_until([launch], started + duration / 2):
+                    launch.send(signal.SIGTERM)
+                self.wait_until([launch], started + duration)
+        finally:
+            self.bucket.up()
+        if fault.struck:
+            fault.detail["outage_s"] = self.bucket.outages[-1][1]
+        deadline = (self.reference["startup_s"] + self.reference["steps"] * self.reference["step_s"] + duration
+                    + 60 * (1 + self.reference["steps"] // self.args.every))  # an upload may wait out its retries
+        if not launch.wait(max(deadline - launch.elapsed(), 1.0)):
+            fault.detail["still_running_after_s"] = round(launch.elapsed(), 1)
+            launch.send(signal.SIGTERM)
+        self.end(launch, self.args.launch_timeout)
+        fault.detail["upload_errors"] = launch.stderr().count("Could not upload checkpoint")
+        return [launch]
+
+    def check_pointer(self, run_name: str, fault: Fault) -> None:
+        """``--store s3``: the bucket's ``latest.json`` names a checkpoint whose record and objects all verify."""
+        if self.bucket is None:
+            return
+        url = self.ckpt_url(run_name)
+        pointer = self.bucket.pointer(url)
+        if pointer is None:
+            return
+        _, why = self.bucket.verified(url, pointer["name"])
+        if why is not None:
+            fault.fail("pointer_complete", f"{url}/latest.json names {pointer['name']} (step "
+                                           f"{pointer.get('global_step')}), which is not complete: {why}")
+
     # ------------------------------------------------------------ bookkeeping after a launch
     def after_launch(self, launch: Launch, current: Fault, resolve: bool = True, own: bool = False,
                      observe: bool = True) -> None:
@@ -827,6 +1125,7 @@ class Soak:
                                                    f"{last_error(launch.stderr())}")
         if observe:  # once per launch, or once for two launched together
             self.observe(run.name)
+            self.check_pointer(run.name, blame)
         if resolve and launch.decided and launch.exit_code != USAGE_EXIT_CODE:
             for fault in self.awaiting:
                 fault.next_resumed_from = launch.resumed_from
@@ -862,7 +1161,8 @@ class Soak:
     def expected_codes(self, fault: Fault) -> set[int]:
         sigterm = {REQUEUE_EXIT_CODE, -signal.SIGTERM, 0}
         return {"sigterm": sigterm, "corrupt": sigterm, "double_launch": sigterm | {USAGE_EXIT_CODE},
-                "sigkill": {-signal.SIGKILL, 0}, "new_store_kill": sigterm | {-signal.SIGKILL}}.get(fault.kind, set())
+                "sigkill": {-signal.SIGKILL, 0}, "new_store_kill": sigterm | {-signal.SIGKILL},
+                "bucket_outage": sigterm | {USAGE_EXIT_CODE}}.get(fault.kind, set())
 
     def inject(self, index: int, plan: PlannedFault) -> Fault:
         run = self.runs[-1]
@@ -883,6 +1183,8 @@ class Soak:
             launches = self.fault_corrupt(fault, plan)
         elif plan.kind == "double_launch":
             launches = self.fault_double(fault, plan)
+        elif plan.kind == "bucket_outage":
+            launches = self.fault_outage(fault, plan)
         else:
             raise ValueError(plan.kind)
         struck = [x for x in launches if x.label not in ("corrupt-setup", "corrupt-explicit")]
@@ -894,9 +1196,13 @@ class Soak:
                 fault.fail("clean_exit", f"{launch.label} exited {launch.exit_code}"
                            f"{' with a traceback' if launch.traceback else ''} (expected one of {sorted(allowed)}): "
                            f"{last_error(launch.stderr())}")
-            elif plan.kind == "disk_full" and launch.traceback:
+            elif plan.kind in ("disk_full", "bucket_outage") and launch.traceback:
+                what = "on the full disk" if plan.kind == "disk_full" else "in the bucket outage"
                 fault.fail("clean_exit", f"{launch.label} ended in a Python traceback (exit {launch.exit_code}) "
-                                         f"on the full disk, not a one-line error: {last_error(launch.stderr())}")
+                                         f"{what}, not a one-line error: {last_error(launch.stderr())}")
+            elif plan.kind == "bucket_outage" and launch.exit_code == USAGE_EXIT_CODE and not launch.error_line:
+                fault.fail("clean_exit", f"{launch.label} exited 2 without an 'error:' line: "
+                                         f"{last_error(launch.stderr())}")
         if plan.kind != "corrupt":
             steps = [x.furthest_step for x in struck if x.furthest_step is not None]
             fault.furthest_step = max(steps) if steps else None
@@ -960,6 +1266,32 @@ class Soak:
         if different:
             run.fail("bitwise_equal", f"{len(different)} of {len(b)} tensors differ from the reference: "
                      f"{different[:5]}")
+        if self.bucket is not None:
+            self.check_bucket_weights(run, b, ref[1])
+
+    def check_bucket_weights(self, run: RunState, reference: dict[str, Any], step: int) -> None:
+        """``--store s3``: what a new machine would resume from (the bucket's pointer) is the final reference."""
+        import io
+
+        import torch
+
+        url = self.ckpt_url(run.name)
+        newest = self.bucket.newest(url) if self.bucket is not None else None
+        run.checks["bucket_checkpoint"] = list(newest) if newest else None
+        if newest is None:
+            run.fail("bitwise_equal", f"no complete checkpoint in {url} at the end")
+            return
+        if newest[1] != step:
+            run.fail("bitwise_equal", f"the bucket's newest complete checkpoint {newest[0]} is at step {newest[1]}, "
+                                      f"the reference ended at {step}")
+        data = self.bucket.fs().cat_file(f"{url[len('s3://'):]}/{newest[0]}")
+        ours = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)["state_dict"]
+        different = sorted(k for k in ours.keys() | reference.keys()
+                           if k not in ours or k not in reference or not torch.equal(ours[k], reference[k]))
+        run.checks["bucket_tensors_different"] = different
+        if different:
+            run.fail("bitwise_equal", f"{url}/{newest[0]}: {len(different)} of {len(reference)} tensors differ "
+                                      f"from the reference: {different[:5]}")
 
     def new_run(self) -> RunState:
         run = RunState(f"{self.prefix}-{len(self.runs) + 1}")
@@ -998,6 +1330,8 @@ class Soak:
         finally:
             self.kill_all()
             self.disk.unmount()
+            if self.bucket is not None:
+                self.bucket.up()
 
     def kill_all(self) -> None:
         """SIGKILL every launch still running (an interrupted soak leaves no training behind)."""
@@ -1044,7 +1378,7 @@ def build_report(soaks: Sequence[Soak], plan: Sequence[PlannedFault]) -> dict[st
     invariants = {name: {"ok": not found, "problems": found} for name, found in problems.items()}
     return {
         "settings": {"faults": args.faults, "seed": args.seed, "kinds": list(args.kinds), "chains": args.chains,
-                     "faults_per_run": args.faults_per_run, "ddp": args.ddp, "epochs": args.epochs,
+                     "faults_per_run": args.faults_per_run, "ddp": args.ddp, "store": args.store, "epochs": args.epochs,
                      "batches": args.batches, "every": args.every, "keep": KEEP, "repo": str(first.repo),
                      "workdir": str(first.root), "command": first.command("<run name>")[1:]},
         "skipped_kinds": {k: v for soak in soaks for k, v in soak.skipped_kinds.items()},
@@ -1065,6 +1399,18 @@ def soak(args: argparse.Namespace, console: Console, progress: Progress | None =
     started = time.monotonic()
     plan = plan_faults(args.faults, args.kinds, args.seed)
     chains = [Soak(args, console, None if args.chains == 1 else c + 1) for c in range(args.chains)]
+    try:
+        for chain in chains:
+            chain.open_bucket()
+        return _drive(args, chains, plan, started, progress)
+    finally:
+        for chain in chains:
+            if chain.bucket is not None:
+                chain.bucket.stop()
+
+
+def _drive(args: argparse.Namespace, chains: list[Soak], plan: list[PlannedFault], started: float,
+           progress: Progress | None) -> dict[str, Any]:
     task = progress.add_task("reference run", total=len(plan)) if progress is not None else None
     chains[0].run_reference()
     for chain in chains[1:]:
@@ -1139,8 +1485,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``chaos`` subcommand's options (``python -m recipes.bench chaos ...``)."""
     parser.add_argument("--faults", type=int, default=10, help="how many faults to inject")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")
-    parser.add_argument("--kinds", default=",".join(KINDS),
-                        help=f"comma-separated fault kinds (default: all of {', '.join(KINDS)})")
+    parser.add_argument("--kinds", default=None,
+                        help=f"comma-separated fault kinds (default: all of {', '.join(KINDS)}; "
+                             f"{', '.join(STORE_KINDS)} only with --store s3)")
+    parser.add_argument("--store", default="local", choices=STORES,
+                        help="where the run root is: a local directory, or (s3) a bucket of moto's S3 server on "
+                             "127.0.0.1 behind a proxy the soak can take down (needs moto[server] and s3fs)")
     parser.add_argument("--faults-per-run", dest="faults_per_run", type=int, default=10,
                         help="finish and check the run after this many faults, then go on with a new run name")
     parser.add_argument("--chains", type=int, default=1,
@@ -1164,11 +1514,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def validate(args: argparse.Namespace) -> str | None:
     """The first problem with the options, or None; normalises ``args.kinds`` to a tuple."""
+    store = getattr(args, "store", "local")
+    if args.kinds is None:
+        args.kinds = ",".join(k for k in KINDS if store == "s3" or k not in STORE_KINDS)
     kinds = tuple(k.strip() for k in str(args.kinds).split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         return f"--kinds {args.kinds}: unknown {unknown or 'empty'}; known: {', '.join(KINDS)}"
+    if store != "s3" and (need := [k for k in kinds if k in STORE_KINDS]):
+        return f"--kinds {args.kinds}: {', '.join(need)} needs --store s3"
     args.kinds = kinds
+    if store == "s3":
+        import importlib.util
+
+        missing = [m for m in ("moto", "s3fs", "flask") if importlib.util.find_spec(m) is None]
+        if missing:
+            return f"--store s3 needs {', '.join(missing)} (pip install 'moto[server]' s3fs)"
     for name in ("faults", "faults_per_run", "epochs", "every", "chains"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1"
@@ -1189,7 +1550,7 @@ def main(args: argparse.Namespace) -> int:
         return USAGE_EXIT_CODE
     # the soak reads checkpoints it corrupted itself: their warnings are expected (restored afterwards, so a caller
     # in the same process, a test suite, keeps its logging)
-    ckpt_log = logging.getLogger("callbacks.ckpt_store")
+    ckpt_log = logging.getLogger("callbacks.storage.ckpt_store")
     previous = ckpt_log.level
     ckpt_log.setLevel(logging.ERROR)
     try:

@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import logging
 import os
 import re
-import secrets
-import shutil
 import signal
 import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,60 +36,57 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.callbacks import Callback, ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.table import Table
 
-from callbacks import ckpt_store, remote_store
 from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
-from callbacks.cost import PROGRESS_FILE, CostTracker
+from callbacks.cost import CostTracker
 from callbacks.manifest import Manifest, git_state
 from callbacks.mlflow_model import LogModel
 from callbacks.model_checkpoint import PublishedModelCheckpoint
 from callbacks.progress import RunProgressBar
-from callbacks.remote_store import RemoteCheckpoints, StoreError
 from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
+from callbacks.storage import ckpt_store, remote_store
+from callbacks.storage.remote_store import StoreError
 from callbacks.timing import StepTiming
 from recipes import tracking
+from recipes.common import (
+    ENV_CKPT_PATH,
+    ENV_MLFLOW_RUN_ID,
+    ENV_RUN_NAME,
+    SIGINT_EXIT_CODE,
+    USAGE_EXIT_CODE,
+    UsageError,
+    check_tracking_server,
+)
+from recipes.run_callbacks import RelocateCheckpointState, TrackedConfig, UploadRunFiles
+from recipes.run_context import (  # noqa: F401 (re-exported)
+    RESUMABLE_CHANGES,
+    RunContext,
+    default_run_name,
+    flatten,
+    global_rank_from_env,
+    launched_by_parent,
+    refused_changes,
+    resolve_resume,
+    resumable_change,
+    run_tags,
+)
 from recipes.run_lock import RunLock, RunLocked
 from recipes.tracking import DEFAULT_TRACKING_URI, RUN_DIR_TAG, TrackingError, redact  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
-#: Set by the launching process so the ranks Lightning starts agree on the run.
-ENV_RUN_NAME = "ATSCALE_RUN_NAME"
-ENV_CKPT_PATH = "ATSCALE_CKPT_PATH"
-ENV_MLFLOW_RUN_ID = "ATSCALE_MLFLOW_RUN_ID"
-#: JSON object of tags for a new MLflow run (kept out of config.yaml, e.g. ``reproduces=<run id>``).
-ENV_RUN_TAGS = "ATSCALE_RUN_TAGS"
-#: Set by ``recipes.scale``: the sweep's parent MLflow run, under which this run nests.
-ENV_PARENT_RUN_ID = "ATSCALE_MLFLOW_PARENT_RUN_ID"
 #: MLflow's worker threads for async logging (read when its queue starts).
 ASYNC_LOGGING_THREADS_ENV = "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"
-#: Exit status for bad input (as jsonargparse uses for parse errors).
-USAGE_EXIT_CODE = 2
-#: Exit status after SIGINT (Ctrl-C), as shells report it.
-SIGINT_EXIT_CODE = 130
 _MAX_PARAM_LENGTH = 6000
-#: Config keys that may change when a run is resumed: they take effect (and are recorded as
-#: ``config_changed.*`` tags). Any other change would be ignored by the restored training state.
-RESUMABLE_CHANGES = (
-    "config", "experiment", "run_name", "runs_root", "staging_root", "ckpt_path", "fresh", "async_checkpoint",
-    "cpu_threads",
-    "log_model", "spot", "cost", "checkpoint.dirpath", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time",
-    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps", "trainer.devices",
-    "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
-)
 #: Errors of the machine rather than of the input: reported in one line, exit code 1.
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
-
-
-class UsageError(Exception):
-    """Bad input, reported as one line and exit code 2."""
 
 
 class AlreadyComplete(Exception):
@@ -106,84 +99,6 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         self.signum = signum
         super().__init__(signal.Signals(signum).name)
-
-
-@dataclass
-class RunContext:
-    """Where a run lives and what it resumes from."""
-
-    experiment: str
-    run_name: str
-    run_dir: Path
-    tracking_uri: str
-    ckpt_path: str | None
-    mlflow_run_id: str | None
-    #: The run directory in object storage (``run_dir`` is then its local staging copy).
-    run_url: str | None = None
-    #: What the run resumes from, said once every check has passed.
-    resume_note: str | None = None
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
-
-    @property
-    def identity(self) -> str:
-        """What names this run's files for MLflow's ``atscale.run_dir`` tag: the URL, else the absolute directory."""
-        return redact(self.run_url) if self.run_url else str(self.run_dir.resolve())
-
-    @property
-    def location(self) -> str:
-        """Where the run's files are kept for good: the object-storage URL, else the local directory."""
-        return self.run_url or str(self.run_dir)
-
-    def remote_checkpoints(self) -> RemoteCheckpoints | None:
-        """The run's checkpoint directory in object storage, mirrored from ``checkpoint_dir``."""
-        if self.run_url is None:
-            return None
-        return RemoteCheckpoints(remote_store.join(self.run_url, "checkpoints"), self.checkpoint_dir)
-
-
-def global_rank_from_env() -> int:
-    """This process's rank as the launcher (torchrun, SLURM, Lightning) announced it; 0 if none."""
-    for key in ("RANK", "SLURM_PROCID"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 0 if os.environ.get("LOCAL_RANK", "0") == "0" else int(os.environ["LOCAL_RANK"])
-
-
-def launched_by_parent() -> bool:
-    """Whether Lightning started this process as a further rank of a CLI process that decided the run."""
-    return int(os.environ.get("LOCAL_RANK", "0")) > 0 and ENV_RUN_NAME in os.environ
-
-
-def default_run_name() -> str:
-    """A run name every rank and every relaunch of one scheduled job agrees on, when there is one."""
-    if os.environ.get("SLURM_JOB_ID"):
-        return f"slurm-{os.environ.get('SLURM_ARRAY_JOB_ID') or os.environ['SLURM_JOB_ID']}" + (
-            f"-{os.environ['SLURM_ARRAY_TASK_ID']}" if os.environ.get("SLURM_ARRAY_TASK_ID") else "")
-    if os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
-        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UsageError("several processes were launched without a shared run name: pass --run_name NAME "
-                         "(or torchrun --rdzv-id ID) so that every rank writes to the same run.")
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-
-
-def run_tags() -> dict[str, str] | None:
-    """Tags for a new MLflow run from the environment: ``ATSCALE_RUN_TAGS`` (JSON) and a sweep's parent run."""
-    tags = json.loads(os.environ.get(ENV_RUN_TAGS) or "{}")
-    if os.environ.get(ENV_PARENT_RUN_ID):
-        tags["mlflow.parentRunId"] = os.environ[ENV_PARENT_RUN_ID]
-    return tags or None
-
-
-def check_tracking_server(uri: str, timeout: float = 5.0) -> None:
-    """Fail early (``UsageError``) when an HTTP tracking server does not answer its health endpoint."""
-    try:
-        tracking.check_server(uri, timeout)
-    except TrackingError as err:
-        raise UsageError(str(err)) from None
 
 
 def apply_cpu_threads(setting: str) -> None:
@@ -241,142 +156,6 @@ def check_devices(trainer_cfg: Namespace) -> None:
     if int(devices) > cores:
         raise UsageError(f"trainer.devices={devices} asks for {devices} CPU processes, but this machine has "
                          f"{cores} CPU cores.")
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, str]:
-    """Nested config -> ``{"a.b.c": "value"}`` for MLflow params."""
-    if isinstance(value, Namespace):
-        value = value.as_dict()
-    if isinstance(value, dict):
-        out: dict[str, str] = {}
-        for key, sub in value.items():
-            out.update(flatten(sub, f"{prefix}{key}."))
-        return out
-    text = json.dumps(value, default=str) if isinstance(value, (list, tuple)) else str(value)
-    return {prefix.rstrip("."): redact(text)[:_MAX_PARAM_LENGTH]}
-
-
-def resumable_change(key: str) -> bool:
-    """Whether config key ``key`` may differ on resume (see :data:`RESUMABLE_CHANGES`)."""
-    return any(key == p or key.startswith(p + ".") for p in RESUMABLE_CHANGES)
-
-
-def refused_changes(logged: dict[str, str], params: dict[str, str]) -> list[tuple[str, str, str]]:
-    """``(key, logged value, new value)`` of every change a resume would record but not apply."""
-    return [(k, logged[k], v) for k, v in sorted(params.items())
-            if k in logged and logged[k] != v and not resumable_change(k)]
-
-
-def log_params_once(client: mlflow.MlflowClient, run_id: str, params: dict[str, str]) -> list[str]:
-    """Log params the run does not have yet; a resumed run whose config changed gets tags instead.
-
-    MLflow refuses to change a logged param, so changed values are recorded as
-    ``config_changed.<key>`` tags (and returned) rather than failing the resume.
-    """
-    existing = client.get_run(run_id).data.params
-    new = {k: v for k, v in params.items() if k not in existing}
-    changed = [k for k, v in params.items() if k in existing and existing[k] != v]
-    items = [mlflow.entities.Param(k, v) for k, v in new.items()]
-    for start in range(0, len(items), 100):
-        client.log_batch(run_id, params=items[start:start + 100])
-    for key in changed:
-        client.set_tag(run_id, f"config_changed.{key}"[:250], params[key])
-    return changed
-
-
-class TrackedConfig(SaveConfigCallback):
-    """Write the resolved ``config.yaml`` into the run directory and log it (and its params) to MLflow."""
-
-    def __init__(self, parser: LightningArgumentParser, config: Namespace, run_dir: str = ".",
-                 **kwargs: Any) -> None:
-        super().__init__(parser, config, save_to_log_dir=False, **kwargs)
-        self.run_dir = Path(run_dir)
-
-    def save_config(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / "config.yaml"
-        self.parser.save(self.config, str(path), skip_none=False, overwrite=True, multifile=False)
-        text = path.read_text()
-        if redact(text) != text:  # a password in a URL (e.g. --spot.metadata_url) is never stored
-            path.write_text(redact(text))
-        for logger in trainer.loggers:
-            if isinstance(logger, MLFlowLogger) and logger.run_id:
-                changed = log_params_once(logger.experiment, logger.run_id, flatten(self.config))
-                if changed:
-                    log.warning("Resumed with a changed config: %s (recorded as config_changed.* tags).",
-                                ", ".join(changed))
-                logger.experiment.log_artifact(logger.run_id, str(path))
-
-
-class UploadRunFiles(Callback):
-    """Copy the run's config.yaml, manifest.json and cost sidecar to its object-storage directory (rank 0).
-
-    At train start (they are written at setup and fit start) and again at teardown (a finished run,
-    or one stopped by a notice). A failed upload is logged, never fatal: the checkpoints matter more.
-    """
-
-    FILES = ("config.yaml", "manifest.json", f"checkpoints/{PROGRESS_FILE}")
-
-    def __init__(self, run_dir: Path, run_url: str) -> None:
-        self.run_dir, self.run_url = Path(run_dir), run_url
-
-    def upload(self) -> None:
-        try:
-            for name in self.FILES:
-                if (self.run_dir / name).exists():
-                    remote_store.put_file(self.run_dir / name, remote_store.join(self.run_url, name))
-        except Exception as err:  # never end (or mask the outcome of) the run for these
-            log.warning("Could not upload the run files to %s: %s", self.run_url, err)
-
-    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
-        if trainer.is_global_zero:
-            self.upload()
-
-    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
-        if trainer.is_global_zero:
-            self.upload()
-
-
-def relocate_checkpoint_state(state: dict[str, Any], dirpath: str) -> bool:
-    """Point a ModelCheckpoint state saved under another absolute directory at ``dirpath``; True if moved.
-
-    ModelCheckpoint stores absolute paths and forgets its best-k bookkeeping when the directory
-    differs, which it does whenever a run resumes on another machine or from another working
-    directory. Paths are moved only when the old directory is the same run's (the same last three
-    parts: ``<experiment>/<run>/checkpoints``); the checkpoints themselves live on in object storage.
-    """
-    old = state.get("dirpath")
-    if not old or old == dirpath or Path(old).parts[-3:] != Path(dirpath).parts[-3:]:
-        return False
-
-    def move(path: Any) -> Any:
-        if isinstance(path, str) and path.startswith(old.rstrip("/") + "/"):
-            return dirpath.rstrip("/") + path[len(old.rstrip("/")):]
-        return path
-
-    state["dirpath"] = dirpath
-    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
-        if key in state:
-            state[key] = move(state[key])
-    if isinstance(state.get("best_k_models"), dict):
-        state["best_k_models"] = {move(k): v for k, v in state["best_k_models"].items()}
-    return True
-
-
-class RelocateCheckpointState(Callback):
-    """Keep ModelCheckpoint's best-k record across a resume on another machine (see ``relocate_checkpoint_state``).
-
-    Without it, a relaunch elsewhere starts a fresh best-k list and leaves the old best checkpoints
-    in the bucket for good.
-    """
-
-    def on_load_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        states = checkpoint.get("callbacks") or {}
-        for callback in trainer.checkpoint_callbacks:
-            state = states.get(callback.state_key)
-            if isinstance(callback, ModelCheckpoint) and callback.dirpath and isinstance(state, dict) \
-                    and relocate_checkpoint_state(state, callback.dirpath):
-                log.info("ModelCheckpoint state moved from another directory to %s.", callback.dirpath)
 
 
 class AtscaleCLI(LightningCLI):
@@ -460,7 +239,7 @@ class AtscaleCLI(LightningCLI):
                 tracking.ensure_store(tracking_uri)
             except TrackingError as err:
                 raise UsageError(str(err)) from err
-        ckpt_path, run_id = self._resolve_resume(cfg, self.context)
+        ckpt_path, run_id = resolve_resume(cfg, self.context)
         if not launched_by_parent() and not cfg.fresh:
             client = mlflow.MlflowClient(tracking_uri)
             # killed before its first checkpoint: the run's MLflow record still exists and is continued
@@ -530,94 +309,6 @@ class AtscaleCLI(LightningCLI):
                               f"{shown}; MLflow run {run_id}). To train longer, relaunch with a larger "
                               "--trainer.max_epochs (or --trainer.max_steps); to start over, add --fresh true or "
                               "choose a new --run_name.")
-
-    @staticmethod
-    def _resolve_resume(cfg: Namespace, ctx: RunContext) -> tuple[str | None, str | None]:
-        if launched_by_parent():  # a rank launched by the process that decided
-            return os.environ[ENV_CKPT_PATH] or None, os.environ.get(ENV_MLFLOW_RUN_ID) or None
-        checkpoint_dir, remote = ctx.checkpoint_dir, ctx.remote_checkpoints()
-        if cfg.ckpt_path:
-            return AtscaleCLI._explicit_checkpoint(cfg.ckpt_path, checkpoint_dir)
-        try:
-            if cfg.fresh:
-                if global_rank_from_env() == 0:
-                    suffix = f"before-{time.strftime('%Y%m%d-%H%M%S')}"
-                    if checkpoint_dir.exists():
-                        aside = checkpoint_dir.with_name(f"checkpoints.{suffix}")
-                        shutil.move(checkpoint_dir, aside)
-                        log.warning("--fresh: previous checkpoints moved to %s", aside)
-                    if remote is not None and (moved := remote.move_aside(suffix)):
-                        log.warning("--fresh: previous checkpoints moved to %s", moved)
-                return None, None
-            record = ckpt_store.newest_good(checkpoint_dir)
-            if remote is not None:
-                record = AtscaleCLI._newest_of_bucket_and_staging(remote, record)
-                if record is not None:  # the steps the lost machine ran, for the cost
-                    remote_store.get_if_missing(remote.object_url(PROGRESS_FILE), checkpoint_dir / PROGRESS_FILE)
-            unverified = len(remote.records()) if remote is not None else len(ckpt_store.candidates(checkpoint_dir))
-        except (OSError, StoreError) as err:
-            raise UsageError(f"cannot read the checkpoints of {ctx.location}: {err}") from err
-        if record is None and unverified:
-            # starting over here would be pruned against the broken records: stop and say so
-            raise UsageError(f"none of the {unverified} checkpoint(s) of {ctx.location} verifies (see the warnings "
-                             "above); pass --ckpt_path to choose one, or --fresh true to set them aside.")
-        if record is None:
-            return None, None
-        source = remote.object_url(record.path.name) if remote else record.path
-        fetched = remote.last_fetch if remote else None
-        how = f"; downloaded {fetched[0] / 2**20:.1f} MiB in {fetched[1]:.1f} s" if fetched else ""
-        ctx.resume_note = f"Resuming from {source} (step {record.global_step}{how})."
-        return str(record.path), record.extra.get("mlflow_run_id")
-
-    @staticmethod
-    def _newest_of_bucket_and_staging(remote: RemoteCheckpoints, staged: ckpt_store.CheckpointRecord | None,
-                                      ) -> ckpt_store.CheckpointRecord | None:
-        """The bucket's newest good checkpoint, unless this machine staged a newer one of the same run.
-
-        A relaunch on the same machine after an upload failed (or was killed) must not go back in time:
-        the newer staged checkpoint is uploaded first, then resumed from. A staged checkpoint of another
-        MLflow run (the bucket was started afresh elsewhere) never wins over the bucket.
-        """
-        fetched = remote.fetch_newest_good()
-        if staged is None:
-            return fetched
-        if fetched is None:
-            newer = not remote.records()  # an empty bucket: every upload of this run failed
-        else:
-            same_run = staged.extra.get("mlflow_run_id") == fetched.extra.get("mlflow_run_id")
-            newer = same_run and staged.global_step > fetched.global_step
-        if not newer:
-            return fetched
-        log.warning("The staged checkpoint %s (step %d) is newer than the bucket's; uploading it first.",
-                    staged.path, staged.global_step)
-        remote.publish(staged.path)
-        return staged
-
-    @staticmethod
-    def _explicit_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> tuple[str, str | None]:
-        """``--ckpt_path``: a local checkpoint, or one in object storage downloaded and verified first."""
-        if remote_store.is_remote(ckpt_path):
-            parent, name = ckpt_path.rstrip("/").rsplit("/", 1)
-            try:
-                record = RemoteCheckpoints(parent, checkpoint_dir).fetch_named(name)
-            except (StoreError, OSError) as err:
-                raise UsageError(f"--ckpt_path {ckpt_path}: {err}") from err
-            if record is None:
-                raise UsageError(f"--ckpt_path {ckpt_path} is incomplete or corrupt (see the warning above).")
-            return str(record.path), record.extra.get("mlflow_run_id")
-        path = remote_store.local_path(ckpt_path)
-        if not path.exists():
-            raise UsageError(f"--ckpt_path {ckpt_path} does not exist.")
-        local = None
-        if ckpt_store.meta_path(path).exists():
-            local = ckpt_store.read_record(path)
-            if local is None:
-                raise UsageError(f"--ckpt_path {ckpt_path} does not match its integrity record (truncated, changed or "
-                                 "unreadable; see the warning above); nothing was loaded.")
-        problem = ckpt_store.rejection(path)  # torch's safe unpickler; an allow-list for distributed metadata
-        if problem:
-            raise UsageError(f"--ckpt_path {ckpt_path} is not a checkpoint this run can load ({problem}).")
-        return str(path), local.extra.get("mlflow_run_id") if local else None
 
     # ---------------------------------------------------------------- trainer
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:

@@ -1,6 +1,6 @@
 """Predict gradient all-reduce time per step, and what fp16 or PowerSGD compression would save.
 
-Uses the ring all-reduce model of :mod:`callbacks.comm_model`,
+Uses the ring all-reduce model of :mod:`callbacks.analysis.comm`,
 ``T = 2(N-1)/N * S/B + 2(N-1)*a`` with ``S = params x bytes per param``, to answer before
 renting N machines how long each step's gradient sync will take on a given network::
 
@@ -25,47 +25,23 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
-from callbacks.comm_model import bytes_per_element, compression_table, gbps_to_bytes_per_s
+from callbacks.analysis.comm import bytes_per_element, compression_table, gbps_to_bytes_per_s
+from recipes.common import ArgumentParser, UsageError, positive_ints
 
 PROG = "python -m recipes.comm"
 
 
-class _UsageError(Exception):
-    """A bad command-line value; its message is printed as one line on stderr."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
-
-
 def _number(flag: str, text: str, *, minimum: float = 0.0, strict: bool = False) -> float:
-    """Parse a finite number >= (or >) ``minimum`` for ``flag``, or raise _UsageError naming it."""
+    """Parse a finite number >= (or >) ``minimum`` for ``flag``, or raise UsageError naming it."""
     try:
         value = float(text)
     except ValueError:
-        raise _UsageError(f"{flag}: {text!r} is not a number") from None
+        raise UsageError(f"{flag}: {text!r} is not a number") from None
     op = ">" if strict else ">="
     if not math.isfinite(value) or (value <= minimum if strict else value < minimum):
-        raise _UsageError(f"{flag}: {text!r} must be a finite number {op} {minimum:g}")
+        raise UsageError(f"{flag}: {text!r} must be a finite number {op} {minimum:g}")
     return value
-
-
-def _workers(text: str) -> list[int]:
-    """Parse ``"2,8,64"`` into worker counts, each an integer >= 1."""
-    out = []
-    for part in text.split(","):
-        item = part.strip()
-        try:
-            value = int(item)
-        except ValueError:
-            raise _UsageError(f"--workers: {item!r} is not an integer (expected e.g. 2,8,64)") from None
-        if value < 1:
-            raise _UsageError(f"--workers: {item!r} must be >= 1")
-        out.append(value)
-    return out
 
 
 def _bytes_per_param(text: str) -> float:
@@ -76,7 +52,7 @@ def _bytes_per_param(text: str) -> float:
         try:
             return float(bytes_per_element(text))
         except ValueError:
-            raise _UsageError(
+            raise UsageError(
                 f"--bytes-per-param: {text!r} is neither a number nor a dtype (fp32, fp16, bf16)"
             ) from None
     return _number("--bytes-per-param", text, strict=True)
@@ -88,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The parser.
     """
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--params", required=True, help="number of parameters, e.g. 1.5e9")
     parser.add_argument(
         "--bytes-per-param", default="4", help="bytes per gradient element or dtype name (default 4 = fp32)"
@@ -98,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", required=True, help="comma-separated worker counts, e.g. 2,8,64")
     parser.add_argument(
         "--powersgd-ratio", default="0.01", help="PowerSGD bytes as a fraction of uncompressed (default 0.01)"
+    )
+    parser.add_argument(
+        "--topk-ratio", default="0.01", help="top-k: fraction of the parameters sent, values + indices (default 0.01)"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
@@ -121,10 +100,13 @@ def _print_table(inputs: dict[str, float], rows: list[dict[str, float | int]]) -
     )
     caption = (
         f"per worker: bytes each worker sends, 2(N-1)/N*S; fp16: 2 B/param; "
-        f"PSGD: PowerSGD at {inputs['powersgd_ratio']:g} of the bytes; saved: ms (% of time)"
+        f"PSGD: PowerSGD at {inputs['powersgd_ratio']:g} of the bytes; top-k: all-gather of "
+        f"{inputs['topk_ratio']:g} of the entries (8 B each); pays off below: the top-k ratio that still beats "
+        "the uncompressed all-reduce; saved: ms (% of time)"
     )
     table = Table(title=title, caption=caption)
-    for header in ("N", "per worker", "time ms", "fp16 ms", "fp16 saved", "PSGD ms", "PSGD saved"):
+    for header in ("N", "per worker", "time ms", "fp16 ms", "fp16 saved", "PSGD ms", "PSGD saved", "top-k ms",
+                   "top-k pays off below"):
         table.add_column(header, justify="right")
     for row in rows:
         table.add_row(
@@ -135,6 +117,8 @@ def _print_table(inputs: dict[str, float], rows: list[dict[str, float | int]]) -
             f"{row['fp16_saving_s'] * 1e3:.1f} ({row['fp16_saving_frac']:.0%})",
             f"{row['powersgd_time_s'] * 1e3:.2f}",
             f"{row['powersgd_saving_s'] * 1e3:.1f} ({row['powersgd_saving_frac']:.0%})",
+            f"{row['topk_time_s'] * 1e3:.2f}",
+            f"ratio {row['topk_breakeven_ratio']:.3g}",
         )
     Console(file=sys.stdout).print(table)
 
@@ -154,11 +138,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         bytes_per_param = _bytes_per_param(args.bytes_per_param)
         bandwidth_gbps = _number("--bandwidth-gbps", args.bandwidth_gbps, strict=True)
         latency_us = _number("--latency-us", args.latency_us)
-        workers = _workers(args.workers)
+        workers = positive_ints("--workers", args.workers, "2,8,64")
         ratio = _number("--powersgd-ratio", args.powersgd_ratio, strict=True)
         if ratio > 1:
-            raise _UsageError(f"--powersgd-ratio: {args.powersgd_ratio!r} must be in (0, 1]")
-    except _UsageError as err:
+            raise UsageError(f"--powersgd-ratio: {args.powersgd_ratio!r} must be in (0, 1]")
+        topk = _number("--topk-ratio", args.topk_ratio, strict=True)
+        if topk > 1:
+            raise UsageError(f"--topk-ratio: {args.topk_ratio!r} must be in (0, 1]")
+    except UsageError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
 
@@ -171,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             latency_us * 1e-6,
             workers,
             powersgd_ratio=ratio,
+            topk_ratio=topk,
         )
     ]
     inputs = {
@@ -181,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bandwidth_bytes_per_s": gbps_to_bytes_per_s(bandwidth_gbps),
         "latency_us": latency_us,
         "powersgd_ratio": ratio,
+        "topk_ratio": topk,
     }
     if args.json:
         print(json.dumps({"inputs": inputs, "rows": rows}, indent=2))

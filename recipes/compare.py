@@ -35,19 +35,27 @@ from typing import Any
 import mlflow
 from mlflow.entities import Run, ViewType
 
-from recipes.cli import DEFAULT_TRACKING_URI, USAGE_EXIT_CODE, UsageError, check_tracking_server
+from recipes.common import (
+    COST_KEY,
+    LINEAR_BASELINE_KEY,
+    USAGE_EXIT_CODE,
+    UsageError,
+    check_tracking_server,
+    get_experiment,
+    tracking_uri,
+)
 
 __all__ = ["Comparison", "RunRow", "compare", "compare_figure", "differing_params", "main", "print_table",
            "short_key", "write_plot"]
 
-LINEAR = "baseline/linear_acc"
+LINEAR = LINEAR_BASELINE_KEY
 MAJORITY = "baseline/majority_acc"
 #: The (linear, majority) baselines of a metric that is not an accuracy, by the metric's ending.
 COST_BASELINES = {
     "bayes_expected_cost": ("baseline/linear_bayes_expected_cost", "baseline/majority_expected_cost"),
     "expected_cost": ("baseline/linear_expected_cost", "baseline/majority_expected_cost"),
 }
-COST = "cost/usd"
+COST = COST_KEY
 #: Params that differ between any two runs by construction (the run's own name and directories).
 PER_RUN_PARAMS = frozenset({"run_name", "checkpoint.dirpath", "spot.dirpath", "ckpt_path", "fresh"})
 #: Runs left out unless ``--all``: they ended without a result.
@@ -127,16 +135,6 @@ def _row(run: Run, keys: list[str], now: float) -> RunRow:
         metrics={k: float(v) for k, v in run.data.metrics.items() if not k.startswith("system/")},
         logged_params=bool(run.data.params),
     )
-
-
-def get_experiment(client: mlflow.MlflowClient, name: str, tracking_uri: str) -> Any:
-    """The experiment named ``name``; :class:`UsageError` naming it (and the known ones) if absent."""
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None:
-        known = sorted(e.name for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY))
-        raise UsageError(f"experiment {name!r} not found at {tracking_uri} (experiments there: "
-                         f"{', '.join(known) if known else 'none'}).")
-    return experiment
 
 
 @dataclass
@@ -452,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    uri = tracking_uri()
     try:
         check_tracking_server(uri)
         client = mlflow.MlflowClient(tracking_uri=uri)

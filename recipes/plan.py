@@ -1,7 +1,7 @@
 """Plan a training run: how many devices, on which market, for what expected time and cost.
 
 Given the time of one step on one device, the number of steps, a scaling law and an instance from the
-price catalog (``configs/prices.yaml``), this tabulates, for each device count N and each market
+price catalog (``callbacks/analysis/prices.yaml``), this tabulates, for each device count N and each market
 (on-demand, spot), the expected wall time and cost of the run, and picks the cheapest plan that meets
 a deadline and the fastest that fits a budget. The model:
 
@@ -13,7 +13,7 @@ a deadline and the fastest that fits a budget. The model:
   with its source), any interruption stops the synchronous job, so its MTBF is
   ``M = 1 / (instances x -ln(1 - p) / period)``;
 * a checkpoint every Daly-optimal interval (save cost ``--save-cost-s``), ``--restart-s`` per restart,
-  and the exact expected wall time of Daly's exponential model (see ``callbacks/cost_model.py``);
+  and the exact expected wall time of Daly's exponential model (see ``callbacks/analysis/cost.py``);
   every instance is billed for the whole expected wall time. A job shorter than that interval needs
   no periodic checkpoint, and the table says so.
 
@@ -34,6 +34,9 @@ Examples::
     # an AWS instance (the catalog has on-demand prices only there): give a spot price, as JSON
     python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance p5.48xlarge \\
         --price-spot 22.0 --interruption-rate 0.05 --json
+
+Which batch size (``python -m recipes.plan batch ...``, in :mod:`recipes.plan_batch`): steps, wall time and
+cost to the same loss per batch size and device count, from the gradient noise scale.
 
 From a finished run (``--run RUN_ID_OR_RUN_DIR``) the measured numbers replace ``--step-time`` and
 ``--steps``: the run's MLflow record (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``) gives
@@ -73,11 +76,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from callbacks import ckpt_store
-from callbacks.ckpt_interval import daly_interval, mtbf_from_rate
-from callbacks.cost_model import expected_run
-from callbacks.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
-from callbacks.scaling_laws import amdahl_speedup, usl_speedup
+from callbacks.analysis.ckpt_interval import daly_interval, mtbf_from_rate
+from callbacks.analysis.cost import expected_run
+from callbacks.analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
+from callbacks.analysis.scaling import amdahl_speedup, usl_speedup
+from callbacks.storage import ckpt_store
+from recipes.common import SERIAL_KEY, UsageError, positive_ints, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -110,7 +114,7 @@ class PlanInputs:
     Args:
         step_time_s: Time of one training step on one device, seconds (> 0).
         steps: Number of steps in the run (>= 1).
-        instance: The catalog row to price (see :func:`callbacks.prices.with_overrides`).
+        instance: The catalog row to price (see :func:`callbacks.analysis.prices.with_overrides`).
         serial_fraction: Amdahl serial fraction in [0, 1]; None when a USL coefficient is given.
         usl_a: USL contention coefficient (>= 0), or None.
         usl_b: USL coherency coefficient (>= 0), or None.
@@ -598,7 +602,6 @@ def write_plot(result: PlanResult, path: str | Path) -> Path:
 
 STEP_MEAN_KEY = "time/mean/step_s"
 STEP_WINDOW_KEY = "time/step_s"
-SERIAL_KEY = "amdahl/serial_fraction"
 SCALE_SERIAL_KEY = "scale/amdahl_serial_fraction"
 SCALE_USL_KEYS = ("scale/usl_a", "scale/usl_b")
 BEST_LAW_TAG = "atscale.best_law"
@@ -640,9 +643,7 @@ def _tracking_client() -> tuple[MlflowClient, str]:
     """A client on ``MLFLOW_TRACKING_URI`` (else the CLI's default); mlflow is imported only here."""
     import mlflow
 
-    from recipes.cli import DEFAULT_TRACKING_URI
-
-    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    uri = tracking_uri()
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         raise ValueError(f"no MLflow store at {uri}: set MLFLOW_TRACKING_URI to the store that tracked the run.")
     return mlflow.MlflowClient(tracking_uri=uri), uri
@@ -824,7 +825,8 @@ def _speedup(n: int, law: dict[str, float]) -> float:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m recipes.plan",
-        description="Expected wall time and cost per device count and market (on-demand vs spot).",
+        description="Expected wall time and cost per device count and market (on-demand vs spot). "
+                    "For which batch size: python -m recipes.plan batch --help.",
     )
     p.add_argument("--run", metavar="RUN_ID_OR_RUN_DIR",
                    help="plan from a finished run: its MLflow run id or run directory (measured step time, steps, "
@@ -839,7 +841,7 @@ def _parser() -> argparse.ArgumentParser:
     law.add_argument("--scale-run", metavar="RUN_ID",
                      help="the fit logged by a recipes.scale parent run (USL if it fitted best, else Amdahl)")
     p.add_argument("--instance", required=True, help="instance name from the price catalog")
-    p.add_argument("--catalog", help="price catalog YAML (default: configs/prices.yaml)")
+    p.add_argument("--catalog", help="price catalog YAML (default: callbacks/analysis/prices.yaml)")
     p.add_argument("--price-on-demand", type=float, help="override the on-demand USD per instance-hour")
     p.add_argument("--price-spot", type=float, help="override the spot USD per instance-hour")
     p.add_argument(
@@ -866,19 +868,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print rows and picks as JSON instead of a table")
     p.add_argument("--plot", help="write a PNG of cost vs wall time with the Pareto front")
     return p
-
-
-def _parse_devices(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split(","):
-        try:
-            n = int(part.strip())
-        except ValueError:
-            raise ValueError(f"--devices: {part.strip()!r} is not an integer device count.") from None
-        if n < 1:
-            raise ValueError(f"--devices: device count {n} must be >= 1.")
-        out.append(n)
-    return tuple(out)
 
 
 def _explicit_law(args: argparse.Namespace) -> dict[str, float] | None:
@@ -964,7 +953,7 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
         rate_period_s=period_h * 3600.0,
         save_cost_s=args.save_cost_s,
         restart_s=args.restart_s,
-        devices=_parse_devices(args.devices),
+        devices=tuple(positive_ints("--devices", args.devices)),
         deadline_h=args.deadline_h,
         budget_usd=args.budget_usd,
     )
@@ -994,10 +983,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         0 with a plan; 1 when no row meets the deadline or budget; 2 on bad input.
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["batch"]:  # which batch size: recipes/plan_batch.py
+        from recipes.plan_batch import main as batch_main
+
+        return batch_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         inputs, source, rate_source = _inputs_from_args(args)
-    except (KeyError, ValueError, FileNotFoundError) as err:
+    except (KeyError, ValueError, FileNotFoundError, UsageError) as err:
         message = err.args[0] if err.args else str(err)
         print(f"error: {message}", file=sys.stderr)
         return 2

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import asdict, dataclass
 
@@ -33,8 +32,8 @@ import mlflow
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 
-from recipes.cli import DEFAULT_TRACKING_URI, USAGE_EXIT_CODE, UsageError, check_tracking_server
-from recipes.compare import baselines_for, get_experiment
+from recipes.common import USAGE_EXIT_CODE, UsageError, check_tracking_server, get_experiment, tracking_uri
+from recipes.compare import baselines_for
 
 __all__ = ["Promotion", "Refused", "best_run", "check_baseline", "check_baseline_kind", "logged_model_uri", "main",
            "promote", "runs_with_metric"]
@@ -200,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    uri = tracking_uri()
     name = args.name or args.experiment
     baseline = baselines_for(args.metric)[0] if args.baseline is None else (
         None if args.baseline.lower() == "none" else args.baseline)

@@ -41,8 +41,16 @@ import yaml
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
-from callbacks.manifest import build_manifest
-from recipes.cli import DEFAULT_TRACKING_URI, USAGE_EXIT_CODE, UsageError, check_tracking_server
+from recipes.common import (
+    ENV_FROM_PARENT,
+    ENV_RUN_TAGS,
+    REPRODUCES_TAG,
+    USAGE_EXIT_CODE,
+    UsageError,
+    check_tracking_server,
+    find_run,
+    tracking_uri,
+)
 
 __all__ = ["DEFAULT_IGNORE", "MetricDiff", "compare_metrics", "fetch_record", "main", "manifest_differences",
            "rerun_config"]
@@ -50,11 +58,7 @@ __all__ = ["DEFAULT_IGNORE", "MetricDiff", "compare_metrics", "fetch_record", "m
 #: Metric name patterns (fnmatch) that depend on timing or the machine, not on the training's numbers.
 DEFAULT_IGNORE = ("system/*", "time/*", "comm/*", "amdahl/*", "cost/*", "throughput/*", "*per_sec*", "*/time",
                   "*mfu*", "*_s", "validate/*", "train/device/*")
-TAG = "reproduces"
-#: JSON dict of tags for the MLflow run the CLI creates (honoured once recipes.cli reads it; until then the
-#: tag is set on the finished run, found by its name).
-ENV_RUN_TAGS = "ATSCALE_RUN_TAGS"
-_ENV_FROM_PARENT = ("ATSCALE_RUN_NAME", "ATSCALE_CKPT_PATH", "ATSCALE_MLFLOW_RUN_ID")
+TAG = REPRODUCES_TAG
 
 
 @dataclass
@@ -188,12 +192,6 @@ def compare_metrics(original: dict[str, float], rerun: dict[str, float]) -> list
     return [MetricDiff(k, original.get(k), rerun.get(k)) for k in sorted(set(original) | set(rerun))]
 
 
-def find_run_by_name(client: mlflow.MlflowClient, experiment_id: str, run_name: str) -> Run | None:
-    runs = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.runName` = '{run_name}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0] if runs else None
-
-
 def print_diffs(diffs: list[MetricDiff], tolerance: float, original_id: str, rerun_id: str) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -222,6 +220,8 @@ def print_diffs(diffs: list[MetricDiff], tolerance: float, original_id: str, rer
 
 def warn_differences(config: dict[str, Any], manifest: dict[str, Any]) -> None:
     """Print a warning per difference between the run's manifest and this machine (stderr)."""
+    from callbacks.manifest import build_manifest  # torch and Lightning: only once a run is being reproduced
+
     fingerprint, why = data_fingerprint_here(config)
     here = build_manifest(manifest.get("world_size", 1), config.get("seed_everything"), fingerprint)
     differences = manifest_differences(manifest, here)
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
         print(f"error: --tolerance {args.tolerance} must be a finite number >= 0.", file=sys.stderr)
         return USAGE_EXIT_CODE
-    uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    uri = tracking_uri()
     ignore = (*DEFAULT_IGNORE, *args.ignore)
     with tempfile.TemporaryDirectory(prefix="atscale-reproduce-") as tmp:
         try:
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{' '.join(command[1:3])} --config <its config.yaml> --run_name {run_name} --fresh true", flush=True)
         if args.dry_run:
             return 0
-        env = {k: v for k, v in os.environ.items() if k not in _ENV_FROM_PARENT}
+        env = {k: v for k, v in os.environ.items() if k not in ENV_FROM_PARENT}
         env["MLFLOW_TRACKING_URI"] = uri
         env[ENV_RUN_TAGS] = json.dumps({TAG: args.run_id})
         code = subprocess.run(command, env=env, check=False).returncode
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0:
             print(f"error: the rerun exited with status {code}.", file=sys.stderr)
             return code
-        new = find_run_by_name(client, run.info.experiment_id, run_name)
+        new = find_run(client, [run.info.experiment_id], run_name)
         if new is None:
             print(f"error: the rerun finished but no MLflow run named {run_name!r} was found.", file=sys.stderr)
             return 1

@@ -11,7 +11,7 @@ Exit codes: 0 done, 2 bad input (a missing checkpoint, a bad option, a checkpoin
 or is not one).
 
 A checkpoint may come from anywhere: nothing in it is run. A file is loaded weights-only; a
-directory's ``.metadata`` and non-tensor items go through ``callbacks.safe_load``'s allow-lists.
+directory's ``.metadata`` and non-tensor items go through ``callbacks.storage.safe_load``'s allow-lists.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recipes.common import USAGE_EXIT_CODE
+
 if TYPE_CHECKING:
     from recipes.gpt import GPT
 
-USAGE_EXIT_CODE = 2
 
 
 def load_gpt(path: Path, map_location: str = "cpu") -> GPT:
@@ -33,7 +34,7 @@ def load_gpt(path: Path, map_location: str = "cpu") -> GPT:
     Raises:
         CheckpointRejected: the checkpoint would run code to load, or is not a checkpoint.
     """
-    from callbacks import safe_load
+    from callbacks.storage import safe_load
     from recipes.gpt import GPT
 
     if path.is_file():
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from callbacks.safe_load import CheckpointRejected, describe
+    from callbacks.storage.safe_load import CheckpointRejected, describe
 
     try:
         model = load_gpt(path)

@@ -1,7 +1,7 @@
 """Measure speedup over device counts, fit scaling laws, and say what more devices would buy.
 
 Train the recipe at each device count, as real ``python -m recipes.fit`` processes, then fit
-Amdahl, Gustafson and the Universal Scalability Law (:mod:`callbacks.scaling_laws`) to the
+Amdahl, Gustafson and the Universal Scalability Law (:mod:`callbacks.analysis.scaling`) to the
 measured speedups::
 
     python -m recipes.scale --config configs/digits.yaml --devices 1,2 --steps 40
@@ -42,7 +42,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import mlflow
 import numpy as np
@@ -50,8 +50,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from callbacks.remote_store import StoreError, check_writable, is_remote
-from callbacks.scaling_laws import (
+from callbacks.analysis.scaling import (
     FitComparison,
     amdahl_speedup,
     compare_fits,
@@ -60,28 +59,26 @@ from callbacks.scaling_laws import (
     speedup_from_throughput,
     usl_speedup,
 )
-from recipes import cli
-from recipes.cli import DEFAULT_TRACKING_URI, USAGE_EXIT_CODE
+from callbacks.storage.remote_store import StoreError, check_writable, is_remote
+from recipes.common import (
+    ENV_PARENT_RUN_ID,
+    SERIAL_KEY,
+    STEP_KEY,
+    THROUGHPUT_KEY,
+    USAGE_EXIT_CODE,
+    ArgumentParser,
+    UsageError,
+    check_tracking_server,
+    find_run,
+    positive_ints,
+    tracking_uri,
+)
 
 PROG = "python -m recipes.scale"
-#: Env var naming the parent MLflow run for a child (the CLI may read it; the tag is also set after).
-ENV_PARENT_RUN_ID = "ATSCALE_MLFLOW_PARENT_RUN_ID"
-THROUGHPUT_KEY = "time/mean/samples_per_s"
-SERIAL_KEY = "amdahl/serial_fraction"
-STEP_KEY = "time/mean/step_s"
-
-
-class UsageError(Exception):
-    """Bad command-line input: one line on stderr, exit code 2."""
 
 
 class ChildFailed(Exception):
     """A training run of the sweep failed."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
 
 
 class _RunsRoot(argparse.Action):
@@ -170,14 +167,10 @@ def _finite(value: Any) -> Any:
 # ------------------------------------------------------------------------------ input
 def parse_devices(text: str) -> list[int]:
     """``"1,2,4"`` -> ``[1, 2, 4]``; each an integer >= 1, no repeats, must include 1."""
-    out: list[int] = []
-    for part in text.split(","):
-        item = part.strip()
-        if not item.isdigit() or int(item) < 1:
-            raise UsageError(f"--devices: {item!r} is not an integer >= 1 (expected e.g. 1,2,4)")
-        if int(item) in out:
+    out = positive_ints("--devices", text)
+    for item in out:
+        if out.count(item) > 1:
             raise UsageError(f"--devices: {item} is listed twice")
-        out.append(int(item))
     if 1 not in out:
         raise UsageError(f"--devices {text}: include 1 (speedups are relative to one device)")
     return sorted(out)
@@ -283,7 +276,7 @@ def no_speedup(points: Sequence[Point]) -> bool:
 def fit_note(points: Sequence[Point], fits: FitComparison) -> str:
     """What the fits are worth, in words that agree with their numbers.
 
-    :func:`callbacks.scaling_laws.compare_fits` says when too few device counts make a law fit "exactly";
+    :func:`callbacks.analysis.scaling.compare_fits` says when too few device counts make a law fit "exactly";
     that only holds when the law can reach the measured speedups. This keeps its note where the R² bears
     it out and replaces it where not: no speedup at all (every ``N > 1`` at most as fast as ``N = 1``),
     a superlinear point no one-parameter law reaches, or two ``N > 1`` that even USL does not pass through.
@@ -327,14 +320,6 @@ def child_command(configs: Sequence[str], devices: int, batch: int | None, args:
     return [*cmd, *extra]
 
 
-def _find_run(client: mlflow.MlflowClient, experiment: str, run_name: str) -> Any:
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.runName = '{run_name}'")
-    return runs[0] if runs else None
-
-
 def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) -> ScaleResult:
     """Train at each device count, tag the children under a parent run, fit and report."""
     devices = parse_devices(args.devices)
@@ -358,20 +343,18 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
         batch = int(batch)
         for n in devices:
             per_device_batch(args.mode, batch, n)  # fail before training anything
-    tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+    uri = tracking_uri()
+    check_tracking_server(uri)
     try:
-        cli.check_tracking_server(tracking_uri)
         if is_remote(args.runs_root):  # before the sweep's parent run exists
             check_writable(args.runs_root)
-    except cli.UsageError as err:
-        raise UsageError(str(err)) from None
     except StoreError as err:
         raise UsageError(f"{args.runs_root_flag} {err}") from None
     # the sweep's own outputs stay local when the runs live in object storage (they are logged to MLflow)
     out_root = Path("runs") if is_remote(args.runs_root) else Path(args.runs_root)
     out_dir = Path(args.out or out_root / experiment / f"scale-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
     parent = client.create_run(experiment_id, run_name=out_dir.name,
@@ -383,7 +366,7 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
         "configs": ",".join(configs), "extra_args": " ".join(extra)}.items()])
     add_timing = not configs_have_step_timing(configs)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATSCALE_")}
-    env.update({"MLFLOW_TRACKING_URI": tracking_uri, ENV_PARENT_RUN_ID: parent_id, "PYTHONUNBUFFERED": "1"})
+    env.update({"MLFLOW_TRACKING_URI": uri, ENV_PARENT_RUN_ID: parent_id, "PYTHONUNBUFFERED": "1"})
     if kind == "CPU cores":  # a CPU "device" is one process on one core
         env.setdefault("OMP_NUM_THREADS", "1")
     points: list[Point] = []
@@ -402,7 +385,7 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
             if code != 0:
                 tail = "".join(log_path.read_text().splitlines(keepends=True)[-25:])
                 raise ChildFailed(f"N={n}: recipes.fit exited with {code} (log {log_path}):\n{tail}")
-            run = _find_run(client, experiment, name)
+            run = find_run(client, [experiment_id], name)
             if run is None:
                 raise ChildFailed(f"N={n}: no MLflow run named {name!r} in experiment {experiment!r}")
             client.set_tag(run.info.run_id, "mlflow.parentRunId", parent_id)
@@ -445,7 +428,7 @@ def run_from_csv(args: argparse.Namespace, console: Console) -> ScaleResult:
     result.notes.append(f"Fitted to the measurements in {args.from_csv} (no training here).")
     write_outputs(result)
     if not args.no_mlflow:
-        client = mlflow.MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI))
+        client = mlflow.MlflowClient(tracking_uri=tracking_uri())
         exp = client.get_experiment_by_name(experiment)
         experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
         run = client.create_run(experiment_id, run_name=out_dir.name, tags={"atscale.kind": "scale-fit"})
@@ -602,7 +585,7 @@ def print_report(result: ScaleResult, console: Console) -> None:
 
 # -------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--config", action="append", help="recipe YAML (repeatable, as for recipes.fit)")
     parser.add_argument("--devices", default="1,2", help="device counts to run, comma-separated, incl. 1")
     parser.add_argument("--mode", choices=("strong", "weak"), default="strong",

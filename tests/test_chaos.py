@@ -8,6 +8,7 @@ that every invariant held.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,112 @@ def test_soak_of_three_faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
     # the final invariants: one run, finished, bitwise equal to the reference, one FINISHED MLflow run, ...
     (run,) = report["runs"]
     assert run["checks"]["tensors_different"] == [] and run["checks"]["tensors"] > 0
+    assert [r["status"] for r in run["checks"]["mlflow_runs"]] == ["FINISHED"]
+    failed = {name: v["problems"] for name, v in report["invariants"].items() if not v["ok"]}
+    assert failed == {}
+    assert report["ok"] is True and code == 0
+
+
+# --------------------------------------------------------------------------- what the bucket outage found
+class _Unreachable:
+    """An fsspec filesystem whose every call fails as s3fs does when the endpoint is down (botocore's own error)."""
+
+    def __getattr__(self, name: str):
+        from botocore.exceptions import EndpointConnectionError
+
+        def call(*args, **kwargs):
+            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9/atscale-chaos/x")
+
+        return call
+
+
+def test_an_unreachable_bucket_is_a_store_error_naming_the_url(tmp_path: Path) -> None:
+    """The CLI turns OSError/StoreError into one line; botocore's connection errors were neither (a traceback)."""
+    pytest.importorskip("s3fs")
+    from callbacks.remote_store import RemoteCheckpoints, StoreError
+
+    from callbacks import ckpt_store
+
+    url = "s3://atscale-chaos/runs/digits/r/checkpoints"
+    remote = RemoteCheckpoints(url, tmp_path / "staged")
+    remote.fs = _Unreachable()
+    expected = (f"^{url}: the object store did not answer \\(EndpointConnectionError: Could not connect to the "
+                f"endpoint URL: \"http://127.0.0.1:9/atscale-chaos/x\"\\)$")
+    for call in (remote.records, remote.fetch_newest_good, lambda: remote.fetch_named("step=00000005.ckpt")):
+        with pytest.raises(StoreError, match=expected):
+            call()
+    staged = tmp_path / "staged" / "step=00000005.ckpt"
+    staged.parent.mkdir(parents=True)
+    size, sha = ckpt_store.atomic_write(staged, lambda handle: handle.write(b"weights"))
+    ckpt_store.write_record(staged, global_step=5, epoch=0, size=size, sha256=sha)
+    with pytest.raises(StoreError, match=expected):
+        remote.publish(staged)
+    assert remote.try_publish(staged) is False  # during training: logged, not raised
+
+
+def test_connection_errors_of_abandoned_transfers_are_not_printed(caplog: pytest.LogCaptureFixture) -> None:
+    """aiohttp leaves a reset upload's write task unretrieved: asyncio printed its traceback on stderr mid-run."""
+    pytest.importorskip("s3fs")
+    import asyncio
+    import gc
+
+    import fsspec.asyn
+    from callbacks.remote_store import filesystem
+
+    filesystem("s3://atscale-chaos/runs")  # as every remote run does first
+
+    async def leak(error: BaseException) -> None:
+        async def fail() -> None:
+            raise error
+
+        task = asyncio.ensure_future(fail())
+        await asyncio.sleep(0)
+        del task
+
+    with caplog.at_level(logging.DEBUG, logger="asyncio"):
+        fsspec.asyn.sync(fsspec.asyn.get_loop(), leak, ConnectionResetError("Cannot write to closing transport"))
+        gc.collect()
+        unretrieved = [r for r in caplog.records if r.getMessage().startswith("Task exception was never retrieved")]
+        assert unretrieved == []
+        fsspec.asyn.sync(fsspec.asyn.get_loop(), leak, ValueError("a real bug"))  # anything else is still reported
+        gc.collect()
+    (reported,) = [r for r in caplog.records if r.getMessage().startswith("Task exception was never retrieved")]
+    assert reported.levelno == logging.ERROR and "a real bug" in repr(reported.exc_info[1])
+
+
+def test_bucket_outage_needs_an_object_store(capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["chaos", "--faults", "1", "--kinds", "bucket_outage"]) == 2
+    assert capsys.readouterr().err == "error: --kinds bucket_outage: bucket_outage needs --store s3\n"
+    (outage,) = plan_faults(1, ("bucket_outage",), 10)  # the e2e soak's: cut connections 8.51 s, SIGTERM inside
+    assert (outage.phase, outage.corrupt_mode, round(2 + 8 * outage.cut, 2), outage.explicit) == (
+        "training", "truncate", 8.51, True)
+
+
+@pytest.mark.e2e
+def test_soak_of_a_bucket_outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture) -> None:
+    """The bucket drops every connection for 8.5 s from early in training, with a SIGTERM 4.3 s in: the notice save
+    waits out the outage; the relaunch resumes from the newest complete checkpoint and ends bitwise equal, in the
+    bucket too."""
+    pytest.importorskip("moto")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "chaos.json"
+    code = bench.main(["chaos", "--store", "s3", "--faults", "1", "--kinds", "bucket_outage", "--seed", "10",
+                       "--epochs", "1", "--workdir", str(tmp_path / "soak"), "--out", str(out)])
+    report = json.loads(out.read_text())
+    print(capsys.readouterr().out)
+    assert report["settings"]["store"] == "s3" and set(report["invariants"]) == set(INVARIANTS)
+    (fault,) = report["faults"]
+    assert fault["kind"] == "bucket_outage" and fault["struck"], json.dumps(fault, indent=1)
+    assert {k: fault["detail"][k] for k in ("mode", "planned_s", "sigterm_during")} == {
+        "mode": "reset", "planned_s": 8.51, "sigterm_during": True}
+    assert fault["detail"]["outage_s"] >= 8.51
+    (launch,) = fault["launches"]
+    assert launch["signals"][0][0] == "SIGTERM" and launch["exit_code"] in (75, -15, 0)
+    assert not launch["traceback"]
+    (run,) = report["runs"]
+    assert run["checks"]["bucket_checkpoint"][1] == report["reference"]["final"][1]
+    assert run["checks"]["bucket_tensors_different"] == [] and run["checks"]["tensors_different"] == []
     assert [r["status"] for r in run["checks"]["mlflow_runs"]] == ["FINISHED"]
     failed = {name: v["problems"] for name, v in report["invariants"].items() if not v["ok"]}
     assert failed == {}

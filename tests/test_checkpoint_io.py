@@ -13,8 +13,8 @@ import pytest
 import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 
-from callbacks import ckpt_store
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
+from callbacks.storage import ckpt_store
 
 
 class GatedIO(CheckpointIO):

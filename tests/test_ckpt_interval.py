@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from callbacks.ckpt_interval import (
+from callbacks.analysis.ckpt_interval import (
     IntervalChoice,
     choose_interval,
     daly_interval,

@@ -81,7 +81,7 @@ def test_table_output_shows_the_numbers(capsys, monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--params", "1e9", "--bandwidth-gbps", "100", "--workers", "2,0"], "'0'"),
+        (["--params", "1e9", "--bandwidth-gbps", "100", "--workers", "2,0"], "--workers: 0 must be >= 1"),
         (["--params", "1e9", "--bandwidth-gbps", "100", "--workers", "2,x"], "'x'"),
         (["--params", "-5", "--bandwidth-gbps", "100", "--workers", "2"], "'-5'"),
         (["--params", "lots", "--bandwidth-gbps", "100", "--workers", "2"], "'lots'"),

@@ -1,4 +1,4 @@
-"""Tests for callbacks.comm_model: the ring all-reduce formula against hand-computed values."""
+"""Tests for callbacks.analysis.comm: the ring all-reduce formula against hand-computed values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from callbacks.comm_model import (
+from callbacks.analysis.comm import (
     CompressionRow,
     LinkModel,
     bytes_per_element,
@@ -280,3 +280,22 @@ def test_measure_allreduce_needs_process_group():
         pytest.skip("another test left a process group initialized")
     with pytest.raises(RuntimeError, match=re.escape("initialized torch.distributed process group")):
         measure_allreduce([1024])
+
+
+def test_topk_allgather_and_breakeven_by_hand():
+    from callbacks.analysis.comm import topk_allgather_time, topk_breakeven_ratio
+
+    # 1e9 params, 1 %, N=8, 12.5 GB/s: C = 80 MB, T = 7 x 80e6 / 12.5e9 = 44.8 ms; N=1: nothing to send
+    assert topk_allgather_time(1e9, 0.01, 8, 12.5e9) == pytest.approx(0.0448)
+    assert topk_allgather_time(1e9, 0.01, 1, 12.5e9) == 0.0
+    # with 5 us latency per hop: + 7 x 5 us
+    assert topk_allgather_time(1e9, 0.01, 8, 12.5e9, 5e-6) == pytest.approx(0.0448 + 35e-6)
+    # r* = b / (4N) + a B / (8 P): fp32, no latency: 1/8 at N=8, 1/64 at N=64; fp16: half that
+    assert topk_breakeven_ratio(1e9, 4, 8, 12.5e9) == pytest.approx(0.125)
+    assert topk_breakeven_ratio(1e9, 4, 64, 12.5e9) == pytest.approx(1 / 64)
+    assert topk_breakeven_ratio(1e9, 2, 8, 12.5e9) == pytest.approx(1 / 16)
+    # a small model on a fast link: latency dominates and top-k (one latency term per hop, not two) wins
+    assert topk_breakeven_ratio(1e5, 4, 8, 12.5e9, 5e-6) == pytest.approx(min(1.0, 0.125 + 5e-6 * 12.5e9 / 8e5))
+    (row,) = compression_table(1e9, 4, 12.5e9, 0.0, [8], topk_ratio=0.01)
+    assert (row.topk_size_bytes, row.topk_time_s) == pytest.approx((8e7, 0.0448))
+    assert row.as_dict()["topk_saving_s"] == pytest.approx(0.56 - 0.0448)

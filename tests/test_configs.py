@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from callbacks.prices import load_catalog
+from callbacks.analysis.prices import load_catalog
 from tests.conftest import CONFIGS, cli_env
 
-RECIPES = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "prices.yaml")
+RECIPES = sorted(CONFIGS.glob("*.yaml"))
 FRAGMENTS = sorted((CONFIGS / "strategy").glob("*.yaml")) + sorted((CONFIGS / "precision").glob("*.yaml"))
 
 
@@ -46,7 +46,7 @@ def test_every_yaml_is_valid_yaml() -> None:
 
 
 def test_price_catalog_loads() -> None:
-    assert "cpu-local" in load_catalog(CONFIGS / "prices.yaml")
+    assert "cpu-local" in load_catalog()
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)

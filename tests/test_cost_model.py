@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from callbacks.cost_model import (
+from callbacks.analysis.cost import (
     Expectation,
     expected_interruptions,
     expected_run,

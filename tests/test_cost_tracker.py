@@ -13,11 +13,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks import cost
+from callbacks.analysis.prices import get_instance, load_catalog
 from callbacks.cost import PROGRESS_FILE, CostTracker, default_instances, read_steps_run
-from callbacks.prices import get_instance, load_catalog
 from tests.conftest import RecordingLogger
 
-SPOT, ON_DEMAND = 4.42, 11.06  # a3-highgpu-1g, USD per hour (configs/prices.yaml)
+SPOT, ON_DEMAND = 4.42, 11.06  # a3-highgpu-1g, USD per hour (callbacks/analysis/prices.yaml)
 STEP_S = 2.0
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from callbacks import ckpt_store
+from callbacks.storage import ckpt_store
 from datamodules.digits import DigitsDataModule
 from recipes.classifier import ImageClassifier
 from tests.conftest import CONFIGS, FAST, client_for, run_fit, runs_of

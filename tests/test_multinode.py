@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from callbacks import ckpt_store
 from callbacks.spot import CHECKPOINT_PATTERN
+from callbacks.storage import ckpt_store
 from tests.conftest import CONFIGS, FAST, cli_env, runs_of
 
 

@@ -18,15 +18,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks.noise_scale import GradientNoiseScale
-from callbacks.noise_scale_math import (
-    NoiseScaleCommHook,
+from callbacks.analysis.noise_scale import (
     NoiseScaleEMA,
-    add_comm_hook_wrapper,
     grad_sq_norm_estimate,
     suggest_batch_note,
     trace_sigma_estimate,
 )
+from callbacks.noise_scale import GradientNoiseScale
+from callbacks.utils.comm_hooks import NoiseScaleCommHook, add_comm_hook_wrapper
 from tests.conftest import RecordingLogger
 
 
@@ -228,7 +227,7 @@ import json, multiprocessing, sys
 from pathlib import Path
 import torch
 import torch._dynamo  # what DDP's constructor imports: once here, not in each rank
-from callbacks.noise_scale_math import NoiseScaleCommHook, add_comm_hook_wrapper
+from callbacks.utils.comm_hooks import NoiseScaleCommHook, add_comm_hook_wrapper
 """
 _WORKER_LAUNCH = """
 ranks = [multiprocessing.get_context("fork").Process(target=_ddp_check, args=(r, int(sys.argv[1]), sys.argv[2]))

@@ -23,8 +23,8 @@ import pytest
 import s3fs
 import torch
 
-from callbacks.remote_store import RemoteCheckpoints
 from callbacks.spot import REQUEUE_EXIT_CODE
+from callbacks.storage.remote_store import RemoteCheckpoints
 from recipes import compare, promote, reproduce, scale
 from tests.conftest import CONFIGS, FAST, cli_env, fit_command, run_fit
 from tests.servers import S3Server, free_port, mlflow_server, moto_s3, moto_s3_strict  # noqa: F401 - fixtures

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from callbacks.prices import get_instance, load_catalog
+from callbacks.analysis.prices import get_instance, load_catalog
 from recipes.plan import PlanInputs, main, plan
 
 REPO = Path(__file__).resolve().parent.parent
@@ -213,7 +213,7 @@ def test_cpu_local_counts_one_device_per_machine(capsys):
         (["--step-time", "-3"], "step time -3.0"),
         (["--steps", "0"], "steps=0"),
         (["--devices", "1,x"], "'x' is not an integer"),
-        (["--devices", "0,2"], "device count 0"),
+        (["--devices", "0,2"], "--devices: 0 must be >= 1"),
         (["--usl-a", "0.1"], "not both"),
         (["--deadline-h", "-1"], "deadline -1.0"),
         (["--catalog", "/nonexistent/prices.yaml"], "/nonexistent/prices.yaml"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from callbacks.prices import (
+from callbacks.analysis.prices import (
     DEFAULT_CATALOG,
     Instance,
     get_instance,
@@ -26,7 +26,7 @@ EXPECTED = {
 
 def test_default_catalog_has_every_entry_with_source_and_date():
     catalog = load_catalog()
-    assert DEFAULT_CATALOG.name == "prices.yaml" and DEFAULT_CATALOG.parent.name == "configs"
+    assert DEFAULT_CATALOG.name == "prices.yaml" and DEFAULT_CATALOG.parent.name == "analysis"
     assert set(catalog) == set(EXPECTED)
     for name, (provider, region, gpus, on_demand, spot, date) in EXPECTED.items():
         inst = catalog[name]

@@ -21,9 +21,9 @@ import s3fs
 import torch
 import torch.distributed.checkpoint as dcp
 
-from callbacks import ckpt_store, remote_store
 from callbacks.checkpoint_io import AtomicCheckpointIO, mirror_of
-from callbacks.remote_store import POINTER_NAME, RemoteCheckpoints, StoreError
+from callbacks.storage import ckpt_store, remote_store
+from callbacks.storage.remote_store import POINTER_NAME, RemoteCheckpoints, StoreError
 from tests.servers import S3Server, moto_s3, moto_s3_strict  # noqa: F401 - fixtures
 
 
@@ -114,7 +114,7 @@ def test_pointer_to_an_incomplete_checkpoint_falls_back_to_the_previous(
     else:
         client.put_object(Bucket=bucket, Key=key, Body=data[:100] + bytes(64) + data[164:])
 
-    with caplog.at_level(logging.WARNING, logger="callbacks.remote_store"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.storage.remote_store"):
         record = RemoteCheckpoints(url, tmp_path / "b").fetch_newest_good()
     assert record is not None and record.global_step == 10
     assert record.path.read_bytes() == previous.read_bytes()
@@ -233,30 +233,30 @@ def test_fresh_moves_the_remote_checkpoints_aside(bucket: str, moto_s3: S3Server
 
 def test_explicit_ckpt_path_url_is_downloaded_verified_and_names_its_run(bucket: str, moto_s3: S3Server,
                                                                          tmp_path: Path) -> None:
-    from recipes.cli import AtscaleCLI, UsageError
+    from recipes.run_context import UsageError, explicit_checkpoint
 
     url = f"s3://{bucket}/r/checkpoints"
     original = save(AtomicCheckpointIO(mirror=RemoteCheckpoints(url, tmp_path / "a")), tmp_path / "a",
                     "step=00000006.ckpt", 6, run_id="abc123")
-    path, run_id = AtscaleCLI._explicit_checkpoint(f"{url}/step=00000006.ckpt", tmp_path / "b")
+    path, run_id = explicit_checkpoint(f"{url}/step=00000006.ckpt", tmp_path / "b")
     assert Path(path) == tmp_path / "b" / "step=00000006.ckpt" and run_id == "abc123"
     assert Path(path).read_bytes() == original.read_bytes()
     with pytest.raises(UsageError, match=rf"^--ckpt_path {url}/nope.ckpt: {url}/nope.ckpt has no checkpoint record"):
-        AtscaleCLI._explicit_checkpoint(f"{url}/nope.ckpt", tmp_path / "c")
+        explicit_checkpoint(f"{url}/nope.ckpt", tmp_path / "c")
     moto_s3.client().put_object(Bucket=bucket, Key="r/checkpoints/step=00000006.ckpt", Body=b"cut short")
     with pytest.raises(UsageError, match=r"step=00000006.ckpt is incomplete or corrupt"):
-        AtscaleCLI._explicit_checkpoint(f"{url}/step=00000006.ckpt", tmp_path / "d")
+        explicit_checkpoint(f"{url}/step=00000006.ckpt", tmp_path / "d")
 
 
 def test_a_newer_staged_checkpoint_is_uploaded_and_wins_over_the_bucket(bucket: str, tmp_path: Path) -> None:
     """The same machine relaunched after an upload died: it must not go back to the bucket's older step."""
-    from recipes.cli import AtscaleCLI
+    from recipes.run_context import newest_of_bucket_and_staging
 
     url = f"s3://{bucket}/r/checkpoints"
     mirror = RemoteCheckpoints(url, tmp_path)
     save(AtomicCheckpointIO(mirror=mirror), tmp_path, "step=00000010.ckpt", 10)
     save(AtomicCheckpointIO(mirror=None), tmp_path, "step=00000020.ckpt", 20)  # its upload never happened
-    record = AtscaleCLI._newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path))
+    record = newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path))
     assert record is not None and record.global_step == 20 and record.path == tmp_path / "step=00000020.ckpt"
     assert mirror.read_pointer()["name"] == "step=00000020.ckpt"
     elsewhere = RemoteCheckpoints(url, tmp_path / "elsewhere").fetch_newest_good()  # and now in the bucket
@@ -266,12 +266,12 @@ def test_a_newer_staged_checkpoint_is_uploaded_and_wins_over_the_bucket(bucket: 
 
 def test_a_staged_checkpoint_of_another_run_never_wins(bucket: str, tmp_path: Path) -> None:
     """The bucket was started afresh elsewhere (a new MLflow run): this machine's old, higher step stays local."""
-    from recipes.cli import AtscaleCLI
+    from recipes.run_context import newest_of_bucket_and_staging
 
     mirror = RemoteCheckpoints(f"s3://{bucket}/r/checkpoints", tmp_path / "bucket-copy")
     save(AtomicCheckpointIO(mirror=mirror), tmp_path / "bucket-copy", "step=00000030.ckpt", 30, run_id="new-run")
     save(AtomicCheckpointIO(mirror=None), tmp_path / "old", "step=00000900.ckpt", 900, run_id="old-run")
-    record = AtscaleCLI._newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path / "old"))
+    record = newest_of_bucket_and_staging(mirror, ckpt_store.newest_good(tmp_path / "old"))
     assert record is not None and record.global_step == 30 and record.extra["mlflow_run_id"] == "new-run"
     assert mirror.read_pointer()["global_step"] == 30
 
@@ -281,14 +281,18 @@ def test_checkpoints_that_all_fail_verification_stop_the_run_with_a_clear_error(
     """Starting over beside broken records would see every new checkpoint pruned against them."""
     from jsonargparse import Namespace
 
-    from recipes.cli import AtscaleCLI, RunContext, UsageError
+    from recipes.run_context import (
+        RunContext,
+        UsageError,
+        resolve_resume,
+    )
 
     run_url = f"s3://{bucket}/runs/exp/run"
     ctx = RunContext("exp", "run", tmp_path / "run", "sqlite://", None, None, run_url)
     save(AtomicCheckpointIO(mirror=ctx.remote_checkpoints()), tmp_path / "writer", "step=00000004.ckpt", 4)
     moto_s3.client().put_object(Bucket=bucket, Key="runs/exp/run/checkpoints/step=00000004.ckpt", Body=b"torn")
     with pytest.raises(UsageError, match=rf"^none of the 1 checkpoint\(s\) of {run_url} verifies"):
-        AtscaleCLI._resolve_resume(Namespace(ckpt_path=None, fresh=False), ctx)
+        resolve_resume(Namespace(ckpt_path=None, fresh=False), ctx)
 
 
 def test_malformed_records_are_ignored_with_a_warning(bucket: str, moto_s3: S3Server, tmp_path: Path,
@@ -297,7 +301,7 @@ def test_malformed_records_are_ignored_with_a_warning(bucket: str, moto_s3: S3Se
     save(AtomicCheckpointIO(mirror=mirror), tmp_path, "step=00000001.ckpt", 1)
     broken = {"name": "step=00000009.ckpt", "files": {"": {"size": 1, "sha256": "x"}}, "epoch": 0, "saved_at": 1.0}
     moto_s3.client().put_object(Bucket=bucket, Key="c/step=00000009.ckpt.meta.json", Body=json.dumps(broken))
-    with caplog.at_level(logging.WARNING, logger="callbacks.remote_store"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.storage.remote_store"):
         assert [r["name"] for r in mirror.records()] == ["step=00000001.ckpt"]  # no global_step: ignored
     assert (f"s3://{bucket}/c/step=00000009.ckpt.meta.json is not a checkpoint record (fields missing or of the "
             "wrong type); ignoring it.") in caplog.messages
@@ -343,7 +347,7 @@ def test_store_outages_during_prune_and_remove_are_logged_not_raised(bucket: str
 
     monkeypatch.setattr(mirror.fs, "ls", outage)
     monkeypatch.setattr(mirror.fs, "exists", outage)
-    with caplog.at_level(logging.ERROR, logger="callbacks.remote_store"):
+    with caplog.at_level(logging.ERROR, logger="callbacks.storage.remote_store"):
         assert mirror.try_prune("step=*.ckpt", keep=1) == []
         mirror.try_remove("best-000-00000001.ckpt")
     assert caplog.messages == [
@@ -356,7 +360,7 @@ def test_store_outages_during_prune_and_remove_are_logged_not_raised(bucket: str
 def test_a_failed_upload_is_logged_and_training_goes_on(bucket: str, tmp_path: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     io = AtomicCheckpointIO(mirror=RemoteCheckpoints("s3://atscale-bucket-gone/r/checkpoints", tmp_path))
-    with caplog.at_level(logging.ERROR, logger="callbacks.remote_store"):
+    with caplog.at_level(logging.ERROR, logger="callbacks.storage.remote_store"):
         path = save(io, tmp_path, "step=00000008.ckpt", 8)
     assert io.upload_failures == 1
     assert ckpt_store.newest_good(tmp_path).path == path  # the local checkpoint is published and intact
@@ -390,7 +394,7 @@ def test_download_progress_counts_every_byte_across_shards(bucket: str, tmp_path
 
 
 def test_checkpoint_state_from_another_machine_is_moved_to_this_directory() -> None:
-    from recipes.cli import relocate_checkpoint_state
+    from recipes.run_callbacks import relocate_checkpoint_state
 
     old, new = "/home/a/work/runs/digits/spot/checkpoints", "/scratch/b/runs/digits/spot/checkpoints"
     state = {"dirpath": old, "best_model_path": f"{old}/best-000-00000045.ckpt", "best_model_score": 0.9,

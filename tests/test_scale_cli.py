@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from callbacks.scaling_laws import amdahl_speedup
+from callbacks.analysis.scaling import amdahl_speedup
 from recipes.scale import UsageError, main, parse_devices, per_device_batch
 from tests.conftest import CONFIGS, REPO, cli_env, client_for
 

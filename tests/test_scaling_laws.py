@@ -1,4 +1,4 @@
-"""Tests for callbacks.scaling_laws: laws against hand-computed values, fits on synthetic data."""
+"""Tests for callbacks.analysis.scaling: laws against hand-computed values, fits on synthetic data."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from callbacks.scaling_laws import (
+from callbacks.analysis.scaling import (
     AmdahlFit,
     GustafsonFit,
     USLFit,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from callbacks import ckpt_store
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE
+from callbacks.storage import ckpt_store
 from tests.conftest import CONFIGS, FAST, cli_env, client_for, fit_command, run_fit, runs_of
 
 EPOCHS = 3

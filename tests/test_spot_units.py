@@ -21,9 +21,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from callbacks import ckpt_store, notices
 from callbacks.checkpoint_io import AtomicCheckpointIO
 from callbacks.spot import CHECKPOINT_PATTERN, SpotCheckpoint, rng_state, set_rng_state
+from callbacks.storage import ckpt_store
+from callbacks.utils import notices
 from datamodules.digits import DigitsDataModule
 from recipes.classifier import ImageClassifier
 from tests.conftest import RecordingLogger
@@ -169,7 +170,7 @@ def test_unreachable_endpoint_warns_once_and_backs_off(caplog: pytest.LogCapture
     waits: list[float] = []
     original_wait = poller._stop.wait
     poller._stop.wait = lambda t: (waits.append(t), original_wait(0))[1]  # record waits, don't sleep
-    with caplog.at_level(logging.WARNING, logger="callbacks.notices"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.utils.notices"):
         poller.start()
         deadline = time.monotonic() + 10
         while poller.failures < 6 and time.monotonic() < deadline:

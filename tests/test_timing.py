@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from callbacks import timing
+from callbacks.compression import GradientCompression
 from callbacks.timing import (
     PARTS,
     StepTiming,
@@ -263,6 +264,10 @@ def test_bad_arguments_name_the_value() -> None:
         StepTiming(powersgd_start_iter=1)
     with pytest.raises(ValueError, match=r"log_every_n_steps=0"):
         StepTiming(log_every_n_steps=0)
+    with pytest.raises(ValueError, match=r"GradientCompression\(method='int8'\) is not one of fp16, bf16, powersgd"):
+        GradientCompression("int8")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"GradientCompression\(powersgd_rank=0\) must be an integer >= 1"):
+        GradientCompression("powersgd", powersgd_rank=0)
 
 
 # ------------------------------------------------------------------ DDP on gloo, 2 ranks
@@ -301,23 +306,29 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
                        "RANK": str(rank), "LOCAL_RANK": str(rank), "NODE_RANK": "0"})
     torch.set_num_threads(1)
     results = {}
-    for hook in ("none", "fp16", "powersgd"):
-        timer = StepTiming(comm_hook=hook, warmup_steps=2, powersgd_start_iter=2, log_every_n_steps=3, plot=False)
+    # compression from its own callback (before or after the timer), and from the deprecated StepTiming option
+    for hook, legacy in (("none", False), ("fp16", False), ("powersgd", False), ("bf16", True)):
+        timer = StepTiming(warmup_steps=2, log_every_n_steps=3, plot=False,
+                           **({"comm_hook": hook, "powersgd_start_iter": 2} if legacy else {}))
+        compression = [] if legacy or hook == "none" else [GradientCompression(hook, powersgd_start_iter=2)]
         buckets = Buckets()
+        callbacks = [timer, *compression] if hook == "fp16" else [*compression, timer]
         trainer = Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(bucket_cap_mb=0.1), max_steps=6,
                           logger=False, enable_progress_bar=False, enable_model_summary=False,
-                          enable_checkpointing=False, callbacks=[timer, buckets], default_root_dir=out)
+                          enable_checkpointing=False, callbacks=[*callbacks, buckets], default_root_dir=out)
         trainer.fit(_tiny_ddp_model())
+        comm_row = dict(timer.summary_rows({}))["comm"]
         results[hook] = {"steps": timer.steps, "totals": timer.totals, "link": timer.link is not None,
-                         "mode": timer.comm_mode, "buckets": buckets.counts}
-    # StepTiming and GradientNoiseScale share DDP's single comm hook (callbacks.comm_hooks)
+                         "mode": timer.comm_mode, "buckets": buckets.counts, "row": comm_row}
+    # StepTiming and GradientNoiseScale share DDP's single comm hook (callbacks.utils.comm_hooks)
     from callbacks.noise_scale import GradientNoiseScale
 
-    timer = StepTiming(comm_hook="fp16", warmup_steps=2, log_every_n_steps=3, plot=False, calibrate_comm=False)
+    timer = StepTiming(warmup_steps=2, log_every_n_steps=3, plot=False, calibrate_comm=False)
     noise = GradientNoiseScale(log_every_n_steps=1)
     trainer = Trainer(accelerator="cpu", devices=2, strategy=DDPStrategy(bucket_cap_mb=0.1), max_steps=6,
                       logger=False, enable_progress_bar=False, enable_model_summary=False,
-                      enable_checkpointing=False, callbacks=[noise, timer], default_root_dir=out)
+                      enable_checkpointing=False, callbacks=[noise, timer, GradientCompression("fp16")],
+                      default_root_dir=out)
     trainer.fit(_tiny_ddp_model())
     results["shared"] = {"timer_mode": timer.comm_mode, "noise_mode": noise.mode, "updates": noise.ema.updates,
                          "hook_calls": timer.totals["hook_calls"], "bytes": timer.totals["bytes"],
@@ -339,8 +350,9 @@ def test_comm_hooks_fire_per_bucket_on_gloo(tmp_path: Path) -> None:
     # PowerSGD rank 1 sends (rows + cols) per weight matrix and every bias as is
     powersgd_elements = (256 + 16) + (256 + 256) + (4 + 256) + (256 + 256 + 4)  # 1,560
     for ranked in results:
-        for hook, bytes_per_element in (("none", 4), ("fp16", 2), ("powersgd", None)):
+        for hook, bytes_per_element in (("none", 4), ("fp16", 2), ("powersgd", None), ("bf16", 2)):
             res = ranked[hook]
+            assert res["row"].startswith("all-reduce, " if hook == "none" else f"{hook} compression, ")
             totals, steps = res["totals"], res["steps"]
             assert (res["mode"], steps, res["link"]) == ("ddp", 4, True)
             buckets = res["buckets"][0]
@@ -361,7 +373,8 @@ def test_comm_hooks_fire_per_bucket_on_gloo(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ shipped strategy configs
 @pytest.mark.parametrize(("config", "hook"), [("ddp-fp16-compress.yaml", "fp16"), ("ddp-bf16-compress.yaml", "bf16"),
                                               ("ddp-powersgd.yaml", "powersgd")])
-def test_compression_configs_parse_to_one_step_timing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_compression_configs_parse_to_one_compression_and_one_step_timing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       config: str, hook: str) -> None:
     from recipes.cli import AtscaleCLI
 
@@ -373,7 +386,9 @@ def test_compression_configs_parse_to_one_step_timing(tmp_path: Path, monkeypatc
                            str(repo / "configs/strategy" / config), "--runs_root", str(tmp_path), "--run_name", "x",
                            "--trainer.logger", "false"])
     timers = [cb for cb in cli.trainer.callbacks if isinstance(cb, StepTiming)]
-    assert [t.comm_hook for t in timers] == [hook]
+    compressions = [cb for cb in cli.trainer.callbacks if isinstance(cb, GradientCompression)]
+    assert [t.comm_hook for t in timers] == ["none"]
+    assert [c.method for c in compressions] == [hook]
     assert cli.trainer.world_size == 2 and type(cli.trainer.strategy).__name__ == "DDPStrategy"
     if hook == "powersgd":
-        assert (timers[0].powersgd_rank, timers[0].powersgd_start_iter) == (1, 10)
+        assert (compressions[0].powersgd_rank, compressions[0].powersgd_start_iter) == (1, 10)

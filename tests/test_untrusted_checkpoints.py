@@ -28,9 +28,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from callbacks import ckpt_store, safe_load
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
-from callbacks.remote_store import RemoteCheckpoints
+from callbacks.storage import ckpt_store, safe_load
+from callbacks.storage.remote_store import RemoteCheckpoints
 from tests.conftest import CONFIGS, FAST, cli_env, run_fit, runs_of
 
 TINY_GPT = {"block_size": 32, "n_layer": 2, "n_head": 4, "n_embd": 32}
@@ -211,7 +211,7 @@ def test_tampered_metadata_is_skipped_for_the_previous_directory(tmp_path: Path,
     if record_kind == "forged (recomputed)":
         ckpt_store.write_record(newest, 2, 0)
 
-    with caplog.at_level(logging.WARNING, logger="callbacks.ckpt_store"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.storage.ckpt_store"):
         assert ckpt_store.read_record(newest) is None
         record = ckpt_store.newest_good(tmp_path)
     assert record is not None and record.path == good and record.global_step == 1
@@ -228,7 +228,7 @@ def test_a_shard_file_added_or_removed_fails_the_record(tmp_path: Path, caplog: 
     ckpt_store.write_record(directory, 1, 0)
     (directory / "meta.pt").rename(tmp_path / "aside")
     (directory / "extra.bin").write_bytes(b"x" * (tmp_path / "aside").stat().st_size)  # same total size
-    with caplog.at_level(logging.WARNING, logger="callbacks.ckpt_store"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.storage.ckpt_store"):
         assert ckpt_store.read_record(directory) is None
     assert (f"Checkpoint {directory} does not hold the files its record lists (missing: meta.pt; unexpected: "
             "extra.bin); skipping it.") in caplog.messages
@@ -240,7 +240,7 @@ def test_forged_newest_file_is_skipped_for_the_previous(tmp_path: Path, marker: 
     previous = save_file(tmp_path, 10)
     newest = save_file(tmp_path, 20)
     forge_file(newest, marker, kind)
-    with caplog.at_level(logging.WARNING, logger="callbacks.ckpt_store"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.storage.ckpt_store"):
         record = ckpt_store.newest_good(tmp_path)
     assert record is not None and record.path == previous and record.global_step == 10
     (message,) = caplog.messages
@@ -276,7 +276,7 @@ def test_the_bucket_fetch_skips_a_forged_newest_checkpoint(tmp_path: Path, marke
     for record_name in (f"{name}.meta.json", "latest.json"):
         (bucket / record_name).write_text(json.dumps(remote_record))
 
-    with caplog.at_level(logging.WARNING, logger="callbacks.remote_store"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.storage.remote_store"):
         record = RemoteCheckpoints(f"file://{bucket}", tmp_path / "b").fetch_newest_good()
     assert record is not None and record.global_step == 10 and record.path == tmp_path / "b" / "step=00000010.ckpt"
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [

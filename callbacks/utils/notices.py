@@ -1,4 +1,4 @@
-"""Cloud interruption notices, polled from the instance metadata service in a background thread.
+"""Where interruption notices come from: the cloud's metadata service (polled), signals, and SLURM.
 
 ========  =======  ==========================================================================
 cloud     warning  endpoint (relative to the metadata base URL)
@@ -13,19 +13,25 @@ Azure     >= 30 s  ``GET /metadata/scheduledevents?api-version=2020-07-01`` with
 The poller only calls ``on_notice``; what to do about a notice (agree across ranks, save, stop)
 is the spot callback's business. An unreachable endpoint never raises into training: requests
 have short timeouts, failures back off exponentially, and only the first one is reported.
-No Lightning import; the standard library's ``urllib`` is all it needs.
+:class:`SignalNotices` turns SIGTERM/SIGUSR1/SIGINT into the same kind of notice, and
+:func:`requeue_slurm_job` puts a SLURM job back in the queue after its notice save.
+No Lightning import; the standard library is all it needs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import signal
+import subprocess
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
@@ -189,3 +195,68 @@ class NoticePoller:
                     self.on_notice(notice)
                     return
             self._stop.wait(wait)
+
+
+#: Signals that may count as an interruption notice, by name.
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGINT": signal.SIGINT}
+
+
+class SignalNotices:
+    """Signal handlers that only record a notice (a flag; the training loop acts on it between steps).
+
+    Once :meth:`restore` ran, a signal that still reaches the handler (Lightning may re-install it
+    when it restores its own) goes to the handler found at install time, as if never replaced.
+    """
+
+    def __init__(self, names: list[str], notify: Callable[[Notice], None]) -> None:
+        self.signums = [SIGNALS[name] for name in names]
+        self.notify = notify
+        self.active = False
+        self.original: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.active:
+            self.notify(Notice("signal", signal.Signals(signum).name))
+            return
+        previous = self.original.get(signum, signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+            os.kill(os.getpid(), signum)
+
+    def install(self) -> None:
+        """Take the signals (main thread only; signal handlers cannot be set elsewhere)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.active = True
+        for signum in self.signums:
+            previous = signal.signal(signum, self._on_signal)
+            if previous != self._on_signal:
+                self.original.setdefault(signum, previous)
+
+    def restore(self) -> None:
+        """Give the signals back to the handlers found at install time."""
+        self.active = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, handler in self.original.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def requeue_slurm_job() -> None:
+    """Under SLURM, ``scontrol requeue`` this job (an array task: ``<array job>_<task>``); logged, never raises."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return
+    array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array_job}_{task}" if array_job and task else job
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        log.warning("SLURM job %s: scontrol not found, cannot requeue.", job_id)
+        return
+    result = subprocess.run([scontrol, "requeue", job_id], check=False, capture_output=True, text=True)
+    if result.returncode == 0:
+        log.warning("Requeued SLURM job %s.", job_id)
+    else:
+        log.warning("scontrol requeue %s failed (%d): %s", job_id, result.returncode, result.stderr.strip())

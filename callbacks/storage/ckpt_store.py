@@ -152,7 +152,7 @@ def rejection(path: str | os.PathLike) -> str | None:
 
     Imports torch: only callers that verify a checkpoint pay for it.
     """
-    from callbacks import safe_load
+    from . import safe_load
 
     return safe_load.rejection(path)
 

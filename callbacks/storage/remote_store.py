@@ -38,7 +38,7 @@ import fsspec
 import fsspec.callbacks
 from fsspec.utils import get_protocol
 
-from callbacks import ckpt_store
+from . import ckpt_store
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,26 @@ def join(url: str, *parts: str) -> str:
     return "/".join([url.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
+def _quiet_abandoned_transfers(loop: Any, context: dict[str, Any]) -> None:
+    """fsspec's event loop exception handler: drop the connection errors of transfers already reported failed.
+
+    When a connection is reset mid-request, aiohttp leaves its body-writing task's error unretrieved, and
+    asyncio prints "Task exception was never retrieved" with a traceback on stderr, in the middle of a run
+    whose failed upload is already logged in one line. Anything else goes to asyncio's default handler.
+    """
+    if isinstance(context.get("exception"), ConnectionError) and "never retrieved" in context.get("message", ""):
+        log.debug("%s: %r", context["message"], context["exception"])
+        return
+    loop.default_exception_handler(context)
+
+
 def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The fsspec filesystem serving ``url`` and the path within it; a missing backend is a ``StoreError``."""
     try:
-        return fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url)
+        if getattr(fs, "asynchronous", None) is False and getattr(fs, "loop", None) is not None:
+            fs.loop.set_exception_handler(_quiet_abandoned_transfers)
+        return fs, path
     except ImportError as err:
         protocol = get_protocol(url)
         extra = _EXTRAS.get(protocol)
@@ -84,6 +100,18 @@ def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 def _describe(err: BaseException) -> str:
     text = str(err).strip() or type(err).__name__
     return text.splitlines()[0][:300]
+
+
+@contextlib.contextmanager
+def _answered(url: str) -> Iterator[None]:
+    """Turn a backend's own error for an unreachable store (botocore's EndpointConnectionError, aiohttp's...)
+    into a one-line ``StoreError`` naming ``url``; OSErrors (s3fs's translation of S3 errors) pass unchanged."""
+    try:
+        yield
+    except (OSError, StoreError):
+        raise
+    except Exception as err:
+        raise StoreError(f"{url}: the object store did not answer ({type(err).__name__}: {_describe(err)})") from err
 
 
 def check_writable(url: str) -> None:
@@ -120,7 +148,8 @@ def get_if_missing(url: str, local: str | os.PathLike) -> bool:
         return False
     fs, path = filesystem(url)
     try:
-        data = fs.cat_file(path)
+        with _answered(url):
+            data = fs.cat_file(path)
     except FileNotFoundError:
         return False
     local.parent.mkdir(parents=True, exist_ok=True)
@@ -234,6 +263,10 @@ class RemoteCheckpoints:
     # -------------------------------------------------------------- writing
     def publish(self, local: str | os.PathLike) -> float:
         """Upload a locally published checkpoint: objects, then its record, then the pointer. Returns seconds."""
+        with _answered(self.url):
+            return self._publish(local)
+
+    def _publish(self, local: str | os.PathLike) -> float:
         started = time.monotonic()
         self.last_publish_s = None
         local = Path(local)
@@ -369,6 +402,10 @@ class RemoteCheckpoints:
 
     def records(self) -> list[dict[str, Any]]:
         """Every checkpoint record in the directory, newest (step, then save time) first; unverified."""
+        with _answered(self.url):
+            return self._records()
+
+    def _records(self) -> list[dict[str, Any]]:
         self.fs.invalidate_cache(self.root)
         found = [self._read_json(n) for n in self._names() if n.endswith(ckpt_store.META_SUFFIX)]
         records = [r for r in found if r is not None]
@@ -465,6 +502,10 @@ class RemoteCheckpoints:
 
     def fetch_newest_good(self) -> ckpt_store.CheckpointRecord | None:
         """Resume point: the checkpoint the pointer names, else the newest older record that verifies."""
+        with _answered(self.url):
+            return self._fetch_newest_good()
+
+    def _fetch_newest_good(self) -> ckpt_store.CheckpointRecord | None:
         pointer = self.read_pointer()
         records = self.records()
         ordered = ([pointer] if pointer else []) + [r for r in records if not pointer or r["name"] != pointer["name"]]
@@ -480,7 +521,8 @@ class RemoteCheckpoints:
 
     def fetch_named(self, name: str) -> ckpt_store.CheckpointRecord | None:
         """Download and verify one recorded checkpoint by name (an explicit ``--ckpt_path`` URL)."""
-        record = self._read_json(name + ckpt_store.META_SUFFIX)
-        if record is None:
-            raise StoreError(f"{self.object_url(name)} has no checkpoint record; cannot verify it")
-        return self.fetch(record)
+        with _answered(self.url):
+            record = self._read_json(name + ckpt_store.META_SUFFIX)
+            if record is None:
+                raise StoreError(f"{self.object_url(name)} has no checkpoint record; cannot verify it")
+            return self.fetch(record)

@@ -2,7 +2,7 @@
 
 The catalog is a YAML mapping from instance name to its provider, region, GPU model and count,
 on-demand and spot prices in USD per instance-hour, and the source and date of those prices
-(``configs/prices.yaml`` ships with the repository). Prices move and differ by region and contract,
+(``callbacks/analysis/prices.yaml`` ships with the repository). Prices move and differ by region and contract,
 so every row says where it came from, and a caller can point at its own file or override one price.
 A row may also give a typical spot interruption rate (a probability per period, with its source):
 ``recipes.plan`` uses it when ``--interruption-rate`` is not given.
@@ -36,7 +36,7 @@ __all__ = [
     "with_overrides",
 ]
 
-DEFAULT_CATALOG = Path(__file__).resolve().parent.parent / "configs" / "prices.yaml"
+DEFAULT_CATALOG = Path(__file__).resolve().parent / "prices.yaml"  # package data: found after `pip install .`
 MARKETS = ("on_demand", "spot")
 
 
@@ -147,7 +147,7 @@ def load_catalog(path: str | Path | None = None) -> dict[str, Instance]:
     """Load and validate a price catalog.
 
     Args:
-        path: A YAML catalog; None for the repository's ``configs/prices.yaml``.
+        path: A YAML catalog; None for the repository's ``callbacks/analysis/prices.yaml``.
 
     Returns:
         The instances by name, in file order.

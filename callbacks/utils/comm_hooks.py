@@ -17,13 +17,22 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["HOOK_BASE_ATTR", "HOOK_CHAIN_ATTR", "CommHookWrapper", "add_comm_hook_wrapper"]
+__all__ = ["HOOK_BASE_ATTR", "HOOK_CHAIN_ATTR", "HOOK_METER_ATTR", "CommHookWrapper", "NoiseScaleCommHook", "WireMeter",
+           "add_comm_hook_wrapper", "wire_bytes"]
 
 #: Attribute of a DDP module holding the comm hook wrappers composed by :func:`add_comm_hook_wrapper`.
 HOOK_CHAIN_ATTR = "_atscale_comm_hook_chain"
 #: Attribute of a DDP module holding the ``(hook, state)`` that communicates under the wrappers.
 HOOK_BASE_ATTR = "_atscale_comm_hook_base"
 HOOK_BASE_CHOSEN_ATTR = "_atscale_comm_hook_base_chosen"
+#: Attribute of a DDP module holding the :data:`WireMeter` of the chosen base (compression), if any.
+HOOK_METER_ATTR = "_atscale_comm_hook_meter"
+
+#: ``meter(bucket) -> bytes_sent()``: called before a bucket's communication is issued; the returned
+#: function, called after it was issued, gives the bytes the base hook put on the wire for that bucket
+#: (compression sends fewer than the bucket holds). Observers (StepTiming) read it; without a meter the
+#: bucket's own bytes are sent.
+WireMeter = Callable[["dist.GradBucket"], Callable[[], int]]
 
 #: ``wrapper(bucket, inner) -> Future``: observe or transform a bucket around ``inner(bucket)``.
 CommHookWrapper = Callable[["dist.GradBucket", Callable[["dist.GradBucket"], "torch.futures.Future"]],
@@ -49,8 +58,19 @@ def _chained_hook(ddp_module: torch.nn.parallel.DistributedDataParallel,
     return atscale_chained_comm_hook
 
 
+def wire_bytes(ddp_module: torch.nn.parallel.DistributedDataParallel, bucket: dist.GradBucket) -> Callable[[], int]:
+    """Call before a bucket's communication is issued; the result, called after, gives its bytes on the wire."""
+    meter = getattr(ddp_module, HOOK_METER_ATTR, None)
+    if meter is not None:
+        return meter(bucket)
+    buffer = bucket.buffer()
+    raw = buffer.numel() * buffer.element_size()
+    return lambda: raw
+
+
 def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel, wrapper: CommHookWrapper,
-                          base: tuple[Callable[..., torch.futures.Future], Any] | None = None) -> None:
+                          base: tuple[Callable[..., torch.futures.Future], Any] | None = None,
+                          meter: WireMeter | None = None) -> None:
     """Compose ``wrapper`` into the DDP module's single communication hook.
 
     The first caller registers a hook that runs every wrapper around a base hook that does the
@@ -63,6 +83,7 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
             future of the reduced bucket tensor (``inner(bucket).then(...)`` to see the result).
         base: ``(hook, state)`` doing the communication, e.g. ``(fp16_compress_hook, process_group)``
             or ``(powerSGD_hook, PowerSGDState(...))``; ``None`` keeps the current one.
+        meter: with ``base``: how many bytes the base sends per bucket (see :data:`WireMeter`).
 
     Raises:
         RuntimeError: if a hook that does not follow this convention is already registered, or if
@@ -81,7 +102,7 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
         existing = [getattr(hook, "__qualname__", repr(hook)) for hook, _ in getattr(ddp_module, "_comm_hooks", [])]
         if existing:
             raise RuntimeError(f"the DDP module already has the comm hook {', '.join(existing)}, registered "
-                               "without callbacks.comm_hooks.add_comm_hook_wrapper; DDP allows only one.")
+                               "without callbacks.utils.comm_hooks.add_comm_hook_wrapper; DDP allows only one.")
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         chain = []
@@ -96,4 +117,39 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
                                f"{base[0].__name__} cannot be used as well.")
         setattr(ddp_module, HOOK_BASE_ATTR, base)
         setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, True)
+        setattr(ddp_module, HOOK_METER_ATTR, meter)
     chain.append(wrapper)
+
+
+class NoiseScaleCommHook:
+    """Comm hook wrapper that sums each step's squared gradient norms before and after the all-reduce.
+
+    Use it through :func:`add_comm_hook_wrapper`; :meth:`pop` returns and resets the sums (over all
+    buckets since the last pop) as ``(local squared norm, reduced squared norm, buckets)``. The local
+    norm is this rank's; average it over ranks for the small-batch estimate.
+    """
+
+    def __init__(self) -> None:
+        self._local: list[Any] = []  # 0-d tensors on the gradients' device: no sync inside the hook
+        self._reduced: list[Any] = []
+
+    def __call__(self, bucket: dist.GradBucket,
+                 inner: Callable[[dist.GradBucket], torch.futures.Future]) -> torch.futures.Future:
+        self._local.append(bucket.buffer().detach().float().pow(2).sum())
+
+        def after(fut: torch.futures.Future) -> Any:
+            value = fut.value()
+            tensor = value[0] if isinstance(value, (list, tuple)) else value
+            self._reduced.append(tensor.detach().float().pow(2).sum())
+            return value
+
+        return inner(bucket).then(after)
+
+    def pop(self) -> tuple[float, float, int]:
+        import torch
+
+        local = float(torch.stack(self._local).sum()) if self._local else 0.0
+        reduced = float(torch.stack(self._reduced).sum()) if self._reduced else 0.0
+        buckets = len(self._local)
+        self._local, self._reduced = [], []
+        return local, reduced, buckets

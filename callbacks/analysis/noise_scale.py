@@ -14,11 +14,8 @@ ratio of their exponential moving averages, ``B_simple = EMA(tr Sigma) / EMA(|G|
 with batches well below ``B_simple`` wastes steps; well above it wastes examples (the critical batch
 size is about ``B_simple`` when the Hessian is well conditioned).
 
-Under DDP both norms come from one communication hook: :class:`NoiseScaleCommHook` sums each
-bucket's squared norm before and after the all-reduce. DDP allows one hook per module, so hooks are
-composed through :func:`callbacks.comm_hooks.add_comm_hook_wrapper` (re-exported here), which
-StepTiming's timed, possibly compressing, hook also uses. These need torch (imported when used),
-never Lightning.
+Under DDP both norms come from one communication hook
+(:class:`callbacks.utils.comm_hooks.NoiseScaleCommHook`).
 
 Example::
 
@@ -31,22 +28,10 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from callbacks.comm_hooks import HOOK_BASE_ATTR, HOOK_CHAIN_ATTR, add_comm_hook_wrapper
-
-if TYPE_CHECKING:
-    import torch
-    import torch.distributed as dist
 
 __all__ = [
-    "HOOK_BASE_ATTR",
-    "HOOK_CHAIN_ATTR",
-    "NoiseScaleCommHook",
     "NoiseScaleEMA",
-    "add_comm_hook_wrapper",
     "grad_sq_norm_estimate",
     "suggest_batch_note",
     "trace_sigma_estimate",
@@ -160,39 +145,3 @@ def suggest_batch_note(b_simple: float, batch_used: int) -> str:
     else:
         verdict = "the batch is past the critical size: more examples per step buy few fewer steps"
     return f"suggests a batch of ~{b_simple:,.0f} vs {batch_used:,} used: {verdict}"
-
-
-# ------------------------------------------------------------------ DDP comm hooks (torch, lazily)
-
-class NoiseScaleCommHook:
-    """Comm hook wrapper that sums each step's squared gradient norms before and after the all-reduce.
-
-    Use it through :func:`add_comm_hook_wrapper`; :meth:`pop` returns and resets the sums (over all
-    buckets since the last pop) as ``(local squared norm, reduced squared norm, buckets)``. The local
-    norm is this rank's; average it over ranks for the small-batch estimate.
-    """
-
-    def __init__(self) -> None:
-        self._local: list[Any] = []  # 0-d tensors on the gradients' device: no sync inside the hook
-        self._reduced: list[Any] = []
-
-    def __call__(self, bucket: dist.GradBucket,
-                 inner: Callable[[dist.GradBucket], torch.futures.Future]) -> torch.futures.Future:
-        self._local.append(bucket.buffer().detach().float().pow(2).sum())
-
-        def after(fut: torch.futures.Future) -> Any:
-            value = fut.value()
-            tensor = value[0] if isinstance(value, (list, tuple)) else value
-            self._reduced.append(tensor.detach().float().pow(2).sum())
-            return value
-
-        return inner(bucket).then(after)
-
-    def pop(self) -> tuple[float, float, int]:
-        import torch
-
-        local = float(torch.stack(self._local).sum()) if self._local else 0.0
-        reduced = float(torch.stack(self._reduced).sum()) if self._reduced else 0.0
-        buckets = len(self._local)
-        self._local, self._reduced = [], []
-        return local, reduced, buckets

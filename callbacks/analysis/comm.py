@@ -292,6 +292,10 @@ class CompressionRow:
         fp16_time_s: Predicted time with fp16 compression.
         powersgd_size_bytes: Bytes with PowerSGD (``powersgd_ratio * S``).
         powersgd_time_s: Predicted time with PowerSGD.
+        topk_size_bytes: Bytes one worker contributes with top-k: ``8 x topk_ratio x params`` (value + index).
+        topk_time_s: Predicted time of the top-k all-gather (:func:`topk_allgather_time`).
+        topk_breakeven_ratio: Largest top-k ratio that still beats the uncompressed all-reduce at this N
+            (:func:`topk_breakeven_ratio`; the selection's compute is not counted).
     """
 
     workers: int
@@ -302,6 +306,9 @@ class CompressionRow:
     fp16_time_s: float
     powersgd_size_bytes: float
     powersgd_time_s: float
+    topk_size_bytes: float = math.nan
+    topk_time_s: float = math.nan
+    topk_breakeven_ratio: float = math.nan
 
     @property
     def fp16_saving_s(self) -> float:
@@ -343,6 +350,10 @@ class CompressionRow:
             "powersgd_time_s": self.powersgd_time_s,
             "powersgd_saving_s": self.powersgd_saving_s,
             "powersgd_saving_frac": self.powersgd_saving_frac,
+            "topk_size_bytes": self.topk_size_bytes,
+            "topk_time_s": self.topk_time_s,
+            "topk_saving_s": self.time_s - self.topk_time_s,
+            "topk_breakeven_ratio": self.topk_breakeven_ratio,
         }
 
 
@@ -353,6 +364,7 @@ def compression_table(
     latency_s: float,
     workers_list: Sequence[int],
     powersgd_ratio: float = 0.01,
+    topk_ratio: float = 0.01,
 ) -> list[CompressionRow]:
     """Predicted gradient all-reduce time per worker count, with and without compression.
 
@@ -368,6 +380,7 @@ def compression_table(
         latency_s: Per-step latency in seconds.
         workers_list: Worker counts ``N`` to tabulate (each >= 1).
         powersgd_ratio: PowerSGD bytes as a fraction of the uncompressed bytes, in (0, 1].
+        topk_ratio: Fraction of the parameters top-k sends (values + int32 indices), in (0, 1].
 
     Returns:
         One :class:`CompressionRow` per entry of ``workers_list``, in order.
@@ -380,6 +393,9 @@ def compression_table(
     ratio = _check_finite("powersgd_ratio", powersgd_ratio, strict=True)
     if ratio > 1:
         raise ValueError(f"`powersgd_ratio={powersgd_ratio!r}` must be in (0, 1].")
+    topk = _check_finite("topk_ratio", topk_ratio, strict=True)
+    if topk > 1:
+        raise ValueError(f"`topk_ratio={topk_ratio!r}` must be in (0, 1].")
     link = LinkModel(bandwidth_bytes_per_s, latency_s)
     if len(workers_list) == 0:
         raise ValueError("`workers_list` is empty; give at least one worker count.")
@@ -399,9 +415,50 @@ def compression_table(
                 fp16_time_s=link.predict(fp16_size, n),
                 powersgd_size_bytes=psgd_size,
                 powersgd_time_s=link.predict(psgd_size, n),
+                topk_size_bytes=TOPK_BYTES_PER_ENTRY * topk * p,
+                topk_time_s=topk_allgather_time(p, topk, n, bandwidth_bytes_per_s, latency_s),
+                topk_breakeven_ratio=topk_breakeven_ratio(p, bpp, n, bandwidth_bytes_per_s, latency_s),
             )
         )
     return rows
+
+
+#: Bytes top-k sends per selected entry: an fp32 value and an int32 index.
+TOPK_BYTES_PER_ENTRY = 8
+
+
+def topk_allgather_time(params: float, ratio: float, workers: int, bandwidth_bytes_per_s: float,
+                        latency_s: float = 0.0) -> float:
+    """Time of top-k's exchange: a ring all-gather of ``C = 8 x ratio x params`` bytes from each worker.
+
+    ``T = (N-1) C / B + (N-1) a``: every worker receives every other worker's part, so unlike the
+    all-reduce's ``2(N-1)/N S`` the traffic grows with N. 0 on one worker.
+
+    Example: 1e9 params, ratio 0.01, N = 8, 12.5 GB/s, no latency: C = 80 MB, T = 7 x 80 MB / 12.5 GB/s = 44.8 ms
+    (the fp32 all-reduce of the same model: 2 x 7/8 x 4 GB / 12.5 GB/s = 560 ms).
+    """
+    n = _check_workers(workers)
+    size = TOPK_BYTES_PER_ENTRY * _check_finite("ratio", ratio) * _check_finite("params", params)
+    bw = _check_finite("bandwidth_bytes_per_s", bandwidth_bytes_per_s, strict=True)
+    return (n - 1) * size / bw + (n - 1) * _check_finite("latency_s", latency_s)
+
+
+def topk_breakeven_ratio(params: float, bytes_per_param: float, workers: int, bandwidth_bytes_per_s: float,
+                         latency_s: float = 0.0) -> float:
+    """The top-k ratio below which its all-gather beats the uncompressed ring all-reduce on N workers.
+
+    Solving ``(N-1) 8 r P / B + (N-1) a < 2 (N-1)/N b P / B + 2 (N-1) a`` (b: bytes per parameter)
+    for r: ``r* = b / (4 N) + a B / (8 P)``. fp32 on 8 workers without latency: r* = 1/8; on 64: 1/64.
+    Capped at 1; ``inf`` params-free corner cases are not defined (P must be > 0). The time to select
+    the top-k entries is not in this model (on a CPU it can exceed the communication saved).
+    """
+    n = _check_workers(workers)
+    p = _check_finite("params", params, strict=True)
+    b = _check_finite("bytes_per_param", bytes_per_param, strict=True)
+    bw = _check_finite("bandwidth_bytes_per_s", bandwidth_bytes_per_s, strict=True)
+    if n == 1:
+        return 1.0
+    return min(1.0, b / (4 * n) + _check_finite("latency_s", latency_s) * bw / (TOPK_BYTES_PER_ENTRY * p))
 
 
 def measure_allreduce(
