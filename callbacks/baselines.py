@@ -3,16 +3,21 @@
 A model's accuracy means little alone: 0.97 is poor if a linear model gets 0.98. Before training,
 this callback fits scikit-learn's ``DummyClassifier`` and ``LogisticRegression`` on the
 datamodule's flat arrays (``baseline_arrays()``: the same train/val split the model sees) and logs
-their validation accuracy. A datamodule without ``baseline_arrays`` is skipped with a note.
+their validation accuracy, and, when the module has a ``cost_matrix`` (a classifier's misclassification
+costs, see :mod:`.analysis.decision_cost`), what their decisions cost. A datamodule without
+``baseline_arrays`` is skipped with a note.
 
-=========================  ==============================================
-key                        meaning
-=========================  ==============================================
-``baseline/majority_acc``  val accuracy of always predicting the most common class
-``baseline/linear_acc``    val accuracy of a logistic regression on the raw pixels
-=========================  ==============================================
+=========================================  ==================================================================
+key                                        meaning
+=========================================  ==================================================================
+``baseline/majority_acc``                  val accuracy of always predicting the most common class
+``baseline/linear_acc``                    val accuracy of a logistic regression on the raw pixels
+``baseline/majority_expected_cost``        mean cost of always predicting the most common class
+``baseline/linear_expected_cost``          mean cost of the logistic regression's argmax decisions
+``baseline/linear_bayes_expected_cost``    mean cost of its Bayes decisions (least expected cost)
+=========================================  ==================================================================
 
-Copy with it: nothing; this file works alone.
+Copy with it: ``analysis/decision_cost.py`` (the cost math; numpy only).
 """
 
 from __future__ import annotations
@@ -31,24 +36,45 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from typing_extensions import override
 
+from .analysis.decision_cost import bayes_decisions, check_cost_matrix, expected_cost
+
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
 
 log = logging.getLogger(__name__)
 
 
+#: The model's metric each baseline is judged against, by the baseline key's ending (accuracy: ``metric``).
+MODEL_KEYS = {"bayes_expected_cost": "val/bayes_expected_cost", "expected_cost": "val/expected_cost"}
+
+
 def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
-                  max_iter: int = 1000) -> dict[str, float]:
-    """Validation accuracy of the majority-class and the logistic-regression baselines."""
+                  max_iter: int = 1000, cost_matrix: np.ndarray | None = None) -> dict[str, float]:
+    """Validation accuracy of the majority-class and the logistic-regression baselines.
+
+    With a ``cost_matrix`` (rows = truth, columns = decision; labels are its indices) also the mean cost
+    of their decisions, and of the logistic regression's Bayes decisions under its probabilities.
+    """
     majority = DummyClassifier(strategy="most_frequent").fit(x_train, y_train)
     linear = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         linear.fit(x_train, y_train)
-    return {
+    results = {
         "baseline/majority_acc": float(majority.score(x_val, y_val)),
         "baseline/linear_acc": float(linear.score(x_val, y_val)),
     }
+    if cost_matrix is not None:
+        costs = check_cost_matrix(cost_matrix)
+        labels = np.asarray(y_val).astype(int)
+        probs = np.zeros((len(x_val), len(costs)))  # the columns of the classes seen in training, 0 elsewhere
+        probs[:, np.asarray(linear.classes_).astype(int)] = linear.predict_proba(x_val)
+        results |= {
+            "baseline/majority_expected_cost": expected_cost(costs, labels, majority.predict(x_val).astype(int)),
+            "baseline/linear_expected_cost": expected_cost(costs, labels, linear.predict(x_val).astype(int)),
+            "baseline/linear_bayes_expected_cost": expected_cost(costs, labels, bayes_decisions(costs, probs)),
+        }
+    return results
 
 
 class Baselines(Callback):
@@ -75,15 +101,21 @@ class Baselines(Callback):
         if datamodule is None or not hasattr(datamodule, "baseline_arrays"):
             log.info("Baselines: the datamodule has no baseline_arrays(); skipped.")
             return
-        self.results = fit_baselines(*datamodule.baseline_arrays())
+        costs = getattr(pl_module, "cost_matrix", None)
+        costs = None if costs is None else costs.detach().cpu().double().numpy()
+        self.results = fit_baselines(*datamodule.baseline_arrays(), cost_matrix=costs)
         for logger in trainer.loggers:
             logger.log_metrics(self.results, step=0)
 
+    def model_key(self, key: str) -> str:
+        """The model's metric a baseline is compared with: its expected cost for a cost, else ``metric``."""
+        return next((model for end, model in MODEL_KEYS.items() if key.endswith(end)), self.metric)
+
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
-        """Rows for the end summary: each baseline and the model's lift over it."""
+        """Rows for the end summary: each baseline and the model's difference from it (a cost: lower is better)."""
         rows = []
-        model = metrics.get(self.metric)
         for key, value in self.results.items():
+            model = metrics.get(self.model_key(key))
             lift = f"  (model {model - value:+.4f})" if model is not None else ""
             rows.append((key, f"{value:.4f}{lift}"))
         return rows

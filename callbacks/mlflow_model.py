@@ -1,16 +1,26 @@
 """Log the trained model to MLflow at the end of a completed fit, from rank 0 only.
 
-``mlflow.pytorch.log_model`` stores the model with an input example (its signature, and what
-MLflow's pt2 format needs). Under FSDP the parameters are sharded: the full state dict is
-gathered (a collective on every rank) into an unsharded copy of the module on rank 0 first.
-A fit that stopped on an interruption notice is not finished, so nothing is logged then.
+A classifier (a module with a ``cost_matrix``, ``class_names`` and ``decision``) is logged as the
+servable pyfunc model of :mod:`.utils.served_classifier`: it answers with the decision (argmax or the
+cost-aware Bayes decision, per the config), the class probabilities and the class names, and holds the
+PyTorch network as its ``network`` artifact. Any other module is logged with ``mlflow.pytorch.log_model``.
+Either way the model gets an input example and a signature (the network's pt2 format needs the example).
+Under FSDP the parameters are sharded: the full state dict is gathered (a collective on every rank) into
+an unsharded copy of the module on rank 0 first. A fit that stopped on an interruption notice is not
+finished, so nothing is logged then.
 
-Copy with it: nothing; this file works alone.
+Copy with it: ``utils/served_classifier.py`` and ``analysis/decision_cost.py`` (for classifiers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
@@ -24,6 +34,30 @@ if TYPE_CHECKING:
     from lightning.pytorch import Trainer
 
 log = logging.getLogger(__name__)
+
+#: The pyfunc model a classifier is served as (logged as code), and the pure decision math it imports.
+SERVED_CLASSIFIER = Path(__file__).resolve().parent / "utils" / "served_classifier.py"
+DECISION_MATH = Path(__file__).resolve().parent / "analysis" / "decision_cost.py"
+ENABLE_PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+@contextlib.contextmanager
+def _quiet_artifact_downloads() -> Iterator[None]:
+    """No download progress bars while MLflow reloads the model it logs (to infer its output schema)."""
+    previous = os.environ.get(ENABLE_PROGRESS_BAR)
+    os.environ[ENABLE_PROGRESS_BAR] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(ENABLE_PROGRESS_BAR, None)
+        else:
+            os.environ[ENABLE_PROGRESS_BAR] = previous
+
+
+def is_classifier(model: torch.nn.Module) -> bool:
+    """Whether the module carries what the served classifier needs (as ``recipes.classifier.ImageClassifier``)."""
+    return all(hasattr(model, attr) for attr in ("cost_matrix", "class_names", "decision"))
 
 
 def _is_sharded(module: torch.nn.Module) -> bool:
@@ -55,6 +89,9 @@ class LogModel(Callback):
 
     Args:
         name: the logged model's name within the run.
+
+    A classifier's logged model is the served classifier (``mlflow.pyfunc.load_model``; ``mlflow models
+    serve``), other modules' a PyTorch model (``mlflow.pytorch.load_model``).
 
     The datamodule must provide ``example_input()`` (a batch-of-one tensor) for the input
     example; callbacks with an ``interrupted`` attribute set veto the logging.
@@ -93,12 +130,38 @@ class LogModel(Callback):
         client = mlflow.MlflowClient()
         status = client.get_run(run_id).info.status
         with mlflow.start_run(run_id=run_id):
-            info = mlflow.pytorch.log_model(
-                model,
-                name=self.name,
-                input_example=None if example is None else example.numpy(),
-                # the pt2 (torch.export) program needs torch alone; inferring requirements costs ~10 s
-                pip_requirements=mlflow.pytorch.get_default_pip_requirements(),
-            )
+            if is_classifier(model):
+                info = self._log_classifier(model, example)
+            else:
+                info = mlflow.pytorch.log_model(
+                    model,
+                    name=self.name,
+                    input_example=None if example is None else example.numpy(),
+                    # the pt2 (torch.export) program needs torch alone; inferring requirements costs ~10 s
+                    pip_requirements=mlflow.pytorch.get_default_pip_requirements(),
+                )
         client.update_run(run_id, status=status)  # leaving the context ended the run; the logger ends it
         return info
+
+    def _log_classifier(self, model: Any, example: torch.Tensor | None) -> Any:
+        """The served classifier: the network saved as a PyTorch model inside a pyfunc model logged as code."""
+        if example is None:
+            raise ValueError("LogModel: a classifier is served with an input example; the datamodule has no "
+                             "example_input().")
+        requirements = [*mlflow.pytorch.get_default_pip_requirements(), f"mlflow=={mlflow.__version__}"]
+        with tempfile.TemporaryDirectory() as tmp:
+            network = Path(tmp) / "network"
+            mlflow.pytorch.save_model(model, str(network), input_example=example.numpy(),
+                                      pip_requirements=requirements)
+            with warnings.catch_warnings(), _quiet_artifact_downloads():
+                warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")  # class_index
+                return mlflow.pyfunc.log_model(
+                    name=self.name,
+                    python_model=str(SERVED_CLASSIFIER),
+                    artifacts={"network": str(network)},
+                    code_paths=[str(DECISION_MATH)],
+                    model_config={"classes": list(model.class_names), "decision": str(model.decision),
+                                  "costs": model.cost_matrix.detach().cpu().tolist()},
+                    input_example=(example.numpy(), {"decision": str(model.decision)}),
+                    pip_requirements=requirements,
+                )

@@ -1,5 +1,10 @@
 """Image classification task: a LightningModule with a small CNN, or any torchvision model by name.
 
+Besides accuracy, every validation logs what the model's mistakes cost under a misclassification cost
+matrix from the config (``model.costs``; default 0/1, which makes the expected cost the error rate):
+the cost of its argmax decisions and of the cost-aware Bayes decisions (see
+:mod:`callbacks.analysis.decision_cost`). ``model.decision`` picks the rule the served model uses.
+
 One module serves every strategy: on one device and under DDP it is a plain module; under
 ``ModelParallelStrategy`` (our FSDP, see ``configs/strategy/fsdp.yaml``) ``configure_model``
 shards it with FSDP2's ``fully_shard`` over the data-parallel mesh.
@@ -7,7 +12,8 @@ shards it with FSDP2's ``fully_shard`` over the data-parallel mesh.
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -16,6 +22,13 @@ import torchmetrics
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from typing_extensions import override
+
+from callbacks.analysis.decision_cost import CostMatrixError, load_cost_matrix
+from callbacks.decision_cost import ExpectedCost
+
+#: Where a relative cost-matrix path is looked up after the working directory (the shipped configs name
+#: ``configs/costs/...`` relative to the repository).
+REPO = Path(__file__).resolve().parents[1]
 
 
 def small_cnn(in_channels: int, num_classes: int, width: int, dropout: float) -> nn.Sequential:
@@ -61,7 +74,7 @@ def torchvision_model(name: str, in_channels: int, num_classes: int) -> nn.Modul
 
 
 class ImageClassifier(pl.LightningModule):
-    """Cross-entropy classifier with torchmetrics accuracy.
+    """Cross-entropy classifier with torchmetrics accuracy and the expected cost of its decisions.
 
     Args:
         num_classes: number of labels.
@@ -72,8 +85,20 @@ class ImageClassifier(pl.LightningModule):
         dropout: dropout before the small CNN's head.
         optimizer: the optimizer, from the config (default AdamW, lr 3e-3).
         lr_scheduler: an optional LR scheduler, from the config; stepped every epoch.
+        costs: the misclassification cost matrix, ``costs[i][j]`` = cost of deciding ``j`` when the
+            truth is ``i``: a YAML or CSV file (a relative path is looked up in the working directory, then
+            in the repository), the rows inline, or ``None`` for 0/1 (expected cost = error rate).
+        decision: the decision rule of the served model: ``"argmax"`` (most probable class) or ``"bayes"``
+            (least expected cost under the predicted probabilities). Both are scored every validation.
+        class_names: the classes' names, for the served model (default: the cost file's ``classes:``,
+            else ``"0"``, ``"1"``...).
 
-    Logged metrics: ``train/loss``, ``train/acc`` (per step), ``val/loss``, ``val/acc`` (per epoch).
+    Logged metrics: ``train/loss``, ``train/acc`` (per step); ``val/loss``, ``val/acc``,
+    ``val/expected_cost`` (argmax decisions), ``val/bayes_expected_cost`` (Bayes decisions) per epoch.
+
+    Raises:
+        ValueError: fewer than 2 classes; a cost matrix of the wrong shape, with a negative, non-finite
+            or non-numeric entry, or a missing file (the message names the value).
 
     Example::
 
@@ -90,6 +115,9 @@ class ImageClassifier(pl.LightningModule):
         dropout: float = 0.1,
         optimizer: OptimizerCallable = lambda p: torch.optim.AdamW(p, lr=3e-3, weight_decay=1e-4),
         lr_scheduler: LRSchedulerCallable | None = None,
+        costs: str | list[list[Any]] | None = None,
+        decision: Literal["argmax", "bayes"] = "argmax",
+        class_names: list[str] | None = None,
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -103,6 +131,19 @@ class ImageClassifier(pl.LightningModule):
             self.net = torchvision_model(backbone, in_channels, num_classes)
         self.train_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
         self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=num_classes)
+        try:
+            matrix = load_cost_matrix(costs, num_classes, class_names, base_dirs=[REPO])
+        except CostMatrixError as err:
+            given = repr(costs) if isinstance(costs, str) else "[...]"
+            raise CostMatrixError(f"ImageClassifier(costs={given}): {err}") from None
+        if decision not in ("argmax", "bayes"):
+            raise ValueError(f"ImageClassifier(decision={decision!r}) is not 'argmax' or 'bayes'.")
+        self.decision = decision
+        self.class_names = list(matrix.classes)
+        self.cost_story = matrix.story
+        self.register_buffer("cost_matrix", torch.as_tensor(matrix.costs, dtype=torch.float64), persistent=False)
+        self.val_cost = ExpectedCost(matrix.costs, "argmax")
+        self.val_bayes_cost = ExpectedCost(matrix.costs, "bayes")
 
     @override
     def configure_model(self) -> None:
@@ -138,6 +179,10 @@ class ImageClassifier(pl.LightningModule):
         self.val_acc(logits, y)
         self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)
         self.log("val/acc", self.val_acc, prog_bar=True)
+        self.val_cost(logits, y)
+        self.val_bayes_cost(logits, y)
+        self.log("val/expected_cost", self.val_cost)
+        self.log("val/bayes_expected_cost", self.val_bayes_cost)
 
     @override
     def configure_optimizers(self) -> Any:

@@ -501,6 +501,10 @@ def parse_error_message(message: str) -> str:
     given = re.findall(r"Given value: (.*)", message)
     expected = [e for e in re.findall(r"Expected a <class '([\w.]+)'>", message) if e != "NoneType"]
     problem = re.findall(r"Problem with given class_path '[^']+':\s*(?!Parser key)(.+)", message)
+    if not keys and message.startswith("Does not validate against any of the Union subtypes"):
+        # a class's own error while jsonargparse instantiated it (say ImageClassifier's bad cost matrix)
+        errors = [e for e in re.findall(r"^\s*- (.+)$", message, re.MULTILINE) if "NoneType" not in e]
+        return errors[0] if errors else " ".join(lines[:2])
     if keys and nested:
         key, value = f"{keys[0]}.init_args.{nested[-1][0]}", nested[-1][1]
     elif keys and given:
@@ -557,7 +561,10 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     except (UsageError, MisconfigurationException, ValueError, TypeError, FileNotFoundError) as err:
         if cli is not None and not isinstance(err, UsageError):
             raise  # past start-up these are failures, not bad input
-        print(f"error: {redact(str(err))}", file=sys.stderr)
+        message = str(err)
+        if message.startswith("Does not validate against any of the Union subtypes"):  # raised while instantiating
+            message = parse_error_message(message)
+        print(f"error: {redact(message)}", file=sys.stderr)
         return USAGE_EXIT_CODE
     except (Interrupted, KeyboardInterrupt, SIGTERMException) as err:
         signum = err.signum if isinstance(err, Interrupted) else (

@@ -1,7 +1,8 @@
 """Compare the runs of an MLflow experiment: what differs between them, and what each reached.
 
 One row per run, best first by ``--metric``: its name and status, the final metrics, the baselines
-and the lift over the linear one, the wall time, and the cost where the run logged ``cost/usd``; and
+of the metric's kind (accuracies, or expected costs for ``val/expected_cost``) and the lift over the
+linear one, the wall time, and the cost where the run logged ``cost/usd``; and
 the config values that differ among the runs shown (the flattened params the CLI logs; a run that
 logged none, say one that crashed at start, makes no param differ). The table fits the terminal:
 the params are columns when they fit, else one row per param and one column per run. FAILED and
@@ -12,6 +13,7 @@ Examples::
     python -m recipes.compare --experiment digits
     python -m recipes.compare --experiment digits --all          # FAILED and KILLED runs too
     python -m recipes.compare --experiment digits --metric val/loss --plot compare.png
+    python -m recipes.compare --experiment digits --metric val/expected_cost   # what mistakes cost (min)
     python -m recipes.compare --experiment digits --json > runs.json
 
 The tracking store is ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``. Exit status: 0; 2 on bad
@@ -48,12 +50,23 @@ __all__ = ["Comparison", "RunRow", "compare", "compare_figure", "differing_param
 
 LINEAR = LINEAR_BASELINE_KEY
 MAJORITY = "baseline/majority_acc"
+#: The (linear, majority) baselines of a metric that is not an accuracy, by the metric's ending.
+COST_BASELINES = {
+    "bayes_expected_cost": ("baseline/linear_bayes_expected_cost", "baseline/majority_expected_cost"),
+    "expected_cost": ("baseline/linear_expected_cost", "baseline/majority_expected_cost"),
+}
 COST = COST_KEY
 #: Params that differ between any two runs by construction (the run's own name and directories).
 PER_RUN_PARAMS = frozenset({"run_name", "checkpoint.dirpath", "spot.dirpath", "ckpt_path", "fresh"})
 #: Runs left out unless ``--all``: they ended without a result.
 HIDDEN_STATUSES = ("FAILED", "KILLED")
-_LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse")
+_LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse", "cost")
+
+
+def baselines_for(metric: str) -> tuple[str, str]:
+    """The (linear, majority) baselines ``metric`` is judged against: ``val/expected_cost`` ->
+    ``baseline/linear_expected_cost``, ``baseline/majority_expected_cost``; anything else the accuracies."""
+    return next((pair for end, pair in COST_BASELINES.items() if metric.endswith(end)), (LINEAR, MAJORITY))
 
 
 @dataclass
@@ -81,14 +94,15 @@ class RunRow:
     logged_params: bool = True
 
     def lift(self, metric: str) -> float | None:
-        """``metric`` minus the linear baseline, when the run logged both."""
-        if metric in self.metrics and LINEAR in self.metrics:
-            return self.metrics[metric] - self.metrics[LINEAR]
+        """``metric`` minus its linear baseline (see :func:`baselines_for`), when the run logged both."""
+        linear = baselines_for(metric)[0]
+        if metric in self.metrics and linear in self.metrics:
+            return self.metrics[metric] - self.metrics[linear]
         return None
 
 
 def default_mode(metric: str) -> str:
-    """``"min"`` for losses and errors, else ``"max"``."""
+    """``"min"`` for losses, errors and costs (``val/expected_cost``, ``cost/usd``), else ``"max"``."""
     return "min" if any(word in metric.lower() for word in _LOWER_IS_BETTER) else "max"
 
 
@@ -205,7 +219,7 @@ def to_json(comparison: Comparison, metric: str, experiment: str, tracking_uri: 
 def _metric_columns(rows: list[RunRow], metric: str) -> list[str]:
     logged = {k for r in rows for k in r.metrics}
     others = sorted(k for k in logged if k.startswith("val/") and k != metric)
-    return [metric, *others, *(k for k in (LINEAR, MAJORITY) if k in logged)]
+    return [metric, *others, *(k for k in baselines_for(metric) if k in logged)]
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -384,7 +398,7 @@ def compare_figure(rows: list[RunRow], metric: str) -> Any:
     bars, scatter = fig.subplots(1, 2)
     xs = range(len(shown))
     bars.bar(xs, values, color="tab:blue", label=metric)
-    for key, style in ((LINEAR, "tab:red"), (MAJORITY, "tab:gray")):
+    for key, style in zip(baselines_for(metric), ("tab:red", "tab:gray"), strict=True):
         pts = [(i, r.metrics[key]) for i, r in enumerate(shown) if key in r.metrics]
         if pts:
             bars.scatter([p[0] for p in pts], [p[1] for p in pts], marker="_", s=600, color=style, label=key)
@@ -426,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--experiment", required=True, help="MLflow experiment name.")
     parser.add_argument("--metric", default="val/acc", help="Metric to sort by (final value). Default val/acc.")
     parser.add_argument("--mode", choices=("max", "min"), default=None,
-                        help="Best is max or min (default: min for losses and errors, else max).")
+                        help="Best is max or min (default: min for losses, errors and costs, else max).")
     parser.add_argument("--plot", default=None, metavar="FILE", help="Also write a comparison PNG here.")
     parser.add_argument("--all", action="store_true", dest="show_all",
                         help=f"Also the runs that ended {' or '.join(HIDDEN_STATUSES)} (left out by default).")

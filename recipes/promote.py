@@ -1,15 +1,18 @@
 """Promote the best run of an experiment to the MLflow Model Registry as ``champion``.
 
 Picks the FINISHED run with the best ``--metric``, refuses it unless it beats its baseline (by default
-the logistic regression the run logged as ``baseline/linear_acc``), registers the model the run logged
+the logistic regression of the metric's kind the run logged: ``baseline/linear_acc`` for an accuracy,
+``baseline/linear_expected_cost`` for ``val/expected_cost``), registers the model the run logged
 (MLflow 3: the run's logged model, ``models:/<model_id>``) as a new version of ``--name`` and points
-the alias ``champion`` at it. Then anyone loads it by alias::
+the alias ``champion`` at it. Then anyone loads or serves it by alias::
 
-    mlflow.pytorch.load_model("models:/digits@champion")
+    mlflow.pyfunc.load_model("models:/digits@champion")
+    mlflow models serve -m models:/digits@champion --env-manager local --port 5000
 
 Examples::
 
     python -m recipes.promote --experiment digits --metric val/acc --mode max
+    python -m recipes.promote --experiment digits --metric val/expected_cost --mode min
     python -m recipes.promote --experiment digits --metric val/loss --mode min --name digits-cnn --baseline none
     python -m recipes.promote --experiment text --metric val/bpb --mode min --baseline baseline/unigram_bpb
 
@@ -30,6 +33,7 @@ from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 
 from recipes.common import USAGE_EXIT_CODE, UsageError, check_tracking_server, get_experiment, tracking_uri
+from recipes.compare import baselines_for
 
 __all__ = ["Promotion", "Refused", "best_run", "check_baseline", "check_baseline_kind", "logged_model_uri", "main",
            "promote", "runs_with_metric"]
@@ -185,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metric", default="val/acc", help="Metric that picks the best run. Default val/acc.")
     parser.add_argument("--mode", choices=("max", "min"), default="max", help="Best is max (default) or min.")
     parser.add_argument("--name", default=None, help="Registered model name (default: the experiment's name).")
-    parser.add_argument("--baseline", default="baseline/linear_acc",
-                        help="Metric the run must beat (default baseline/linear_acc); 'none' skips the check.")
+    parser.add_argument("--baseline", default=None,
+                        help="Metric the run must beat (default: the linear baseline of the metric's kind, "
+                             "baseline/linear_acc or baseline/linear_expected_cost); 'none' skips the check.")
     parser.add_argument("--alias", default=ALIAS, help=f"Alias to point at the new version (default {ALIAS}).")
     parser.add_argument("--json", action="store_true", help="Print the promotion as JSON.")
     return parser
@@ -196,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     uri = tracking_uri()
     name = args.name or args.experiment
-    baseline = None if args.baseline.lower() == "none" else args.baseline
+    baseline = baselines_for(args.metric)[0] if args.baseline is None else (
+        None if args.baseline.lower() == "none" else args.baseline)
     try:
         check_tracking_server(uri)
         mlflow.set_tracking_uri(uri)
@@ -216,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Promoted run {result.run_name} ({result.run_id}): {result.metric} {result.value:.4f}{vs}")
     print(f"Registered {result.model_uri} as {result.name!r} version {result.version}, alias {result.alias!r}"
           + (f" (was version {result.previous_version})" if result.previous_version else ""))
-    print("Load it with:")
-    print(f"    import mlflow  # MLFLOW_TRACKING_URI={uri}")
-    print(f'    model = mlflow.pytorch.load_model("{result.load_uri}")')
+    print(f"Load it with (MLFLOW_TRACKING_URI={uri}):")
+    print(f'    model = mlflow.pyfunc.load_model("{result.load_uri}")')
+    print("Serve it over HTTP with:")
+    print(f"    mlflow models serve -m {result.load_uri} --env-manager local --port 5000")
     return 0
 
 

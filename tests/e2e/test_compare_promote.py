@@ -172,14 +172,15 @@ def test_promote_real_run_refused_below_baseline_then_loaded_by_alias(tracked, c
     out = capsys.readouterr().out
     assert f"Promoted run short ({real.info.run_id}): val/acc {acc:.4f} (beats baseline/majority_acc " \
            f"{majority:.4f} by {acc - majority:.4f})" in out
-    assert 'model = mlflow.pytorch.load_model("models:/digits-cnn@champion")' in out
+    assert 'model = mlflow.pyfunc.load_model("models:/digits-cnn@champion")' in out
+    assert "mlflow models serve -m models:/digits-cnn@champion --env-manager local --port 5000" in out
     version = client.get_model_version_by_alias("digits-cnn", "champion")
     assert (str(version.version), version.run_id) == ("1", real.info.run_id)
     assert version.tags["source_run_id"] == real.info.run_id
     assert client.get_run(real.info.run_id).data.tags["registered_as"] == "digits-cnn/1@champion"
 
     mlflow.set_tracking_uri(cli_env(tracked)["MLFLOW_TRACKING_URI"])
-    loaded = mlflow.pytorch.load_model("models:/digits-cnn@champion")
+    loaded = mlflow.pyfunc.load_model("models:/digits-cnn@champion").unwrap_python_model().network
     correct, total = _accuracy(loaded)
     assert total == 360
     assert correct / total == pytest.approx(acc, abs=1e-6)  # the val/acc the run logged

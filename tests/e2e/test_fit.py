@@ -121,7 +121,7 @@ def test_logged_model_reproduces_val_accuracy(fitted: dict, strategy: str) -> No
     (run,) = runs_of(workdir, "digits")
     mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
     (logged,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
-    model = mlflow.pytorch.load_model(logged.model_uri)
+    model = mlflow.pyfunc.load_model(logged.model_uri).unwrap_python_model().network  # the served classifier's
     assert _accuracy(model) == pytest.approx(run.data.metrics["val/acc"], abs=1e-6)
 
 
