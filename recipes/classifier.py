@@ -24,7 +24,7 @@ from torch import nn
 from typing_extensions import override
 
 from callbacks.analysis.decision_cost import CostMatrixError, load_cost_matrix
-from callbacks.decision_cost import ExpectedCost
+from recipes.metrics import ExpectedCost
 
 #: Where a relative cost-matrix path is looked up after the working directory (the shipped configs name
 #: ``configs/costs/...`` relative to the repository).

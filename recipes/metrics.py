@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torchmetrics import Metric
 
-from .analysis.decision_cost import DECISION_RULES, check_cost_matrix
+from callbacks.analysis.decision_cost import DECISION_RULES, check_cost_matrix
 
 __all__ = ["ExpectedCost", "torch_decisions"]
 

@@ -35,10 +35,10 @@ from callbacks.analysis.decision_cost import (
     zero_one,
 )
 from callbacks.baselines import Baselines, fit_baselines
-from callbacks.decision_cost import ExpectedCost
 from datamodules.digits import DigitsDataModule
 from recipes.classifier import ImageClassifier
 from recipes.compare import baselines_for, default_mode
+from recipes.metrics import ExpectedCost
 from tests.conftest import CONFIGS, RecordingLogger
 
 C = [[0, 1, 4], [2, 0, 1], [5, 1, 0]]
