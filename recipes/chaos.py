@@ -1500,8 +1500,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ddp", action="store_true", help="every launch (and the reference) with the DDP fragment")
     parser.add_argument("--epochs", type=int, default=2, help="trainer.max_epochs of the run (45 steps each)")
     parser.add_argument("--batches", type=int, default=0,
-                        help="trainer.limit_train_batches of the run (0: whole epochs; a limit breaks exact "
-                             "mid-epoch resume today: the data sampler then continues the cut-short pass)")
+                        help="trainer.limit_train_batches of the run (0: whole epochs)")
     parser.add_argument("--every", type=int, default=5, help="spot.every_n_steps of the run")
     parser.add_argument("--launch-timeout", dest="launch_timeout", type=float, default=240.0,
                         help="seconds after which a launch counts as hung and is killed")
