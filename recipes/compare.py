@@ -38,10 +38,10 @@ from mlflow.entities import Run, ViewType
 from recipes.common import (
     COST_KEY,
     LINEAR_BASELINE_KEY,
-    USAGE_EXIT_CODE,
     UsageError,
     check_tracking_server,
     get_experiment,
+    run_main,
     tracking_uri,
 )
 
@@ -450,14 +450,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return run_main(lambda: _compare_and_show(args))
+
+
+def _compare_and_show(args: argparse.Namespace) -> int:
     uri = tracking_uri()
-    try:
-        check_tracking_server(uri)
-        client = mlflow.MlflowClient(tracking_uri=uri)
-        comparison = compare(client, args.experiment, args.metric, args.mode, uri, show_all=args.show_all)
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return USAGE_EXIT_CODE
+    check_tracking_server(uri)
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    comparison = compare(client, args.experiment, args.metric, args.mode, uri, show_all=args.show_all)
     if args.plot:
         write_plot(comparison.rows, args.metric, args.plot)
     if args.json:
