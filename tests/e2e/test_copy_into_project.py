@@ -31,12 +31,12 @@ import numpy as np
 import pytest
 
 from tests.conftest import seed_mlflow_db
-from tests.test_text_datamodule import FILES, write_corpus
-from tests.test_vision_datamodule import _write_mnist
+from tests.unit.datamodules.test_text import FILES, write_corpus
+from tests.unit.datamodules.test_vision import _write_mnist
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = {"callbacks": "cbs", "datamodules": "dms"}  # repository package -> package name in the copy
 
 # ------------------------------------------------------------------------------------------------ the copy

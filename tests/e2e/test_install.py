@@ -37,7 +37,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("callbacks", "datamodules", "recipes")
 NOT_SOURCE = (".git", ".venv", "venv", ".ruff_cache", ".pytest_cache", "__pycache__", "build", "dist",
               "*.egg-info", "runs", "mlruns", "data", "lightning_logs")
