@@ -70,7 +70,7 @@ directory's parent, else ``trainer.default_root_dir``) and to the MLflow run, an
 :meth:`StepTiming.summary_rows` gives rows for the CLI's end table.
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{timing,scaling,comm}.py``, ``utils/{comm_timer,comm_hooks,profiler,timing_plot}.py``
+``analysis/{timing,scaling,comm}.py``, ``utils/{comm_timer,comm_hooks,profiler,timing_report}.py``
 (and ``compression.py`` for the deprecated ``comm_hook`` argument).
 """
 
@@ -88,7 +88,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from .analysis.scaling import amdahl_speedup
 from .analysis.timing import (
     PARTS,
     SERIAL_PARTS,
@@ -99,7 +98,7 @@ from .analysis.timing import (
     union_length,
 )
 from .utils.comm_timer import CALIBRATION_SIZES, CommTimer
-from .utils.timing_plot import LABELS, plot_breakdown
+from .utils.timing_report import plot_breakdown, summary_rows
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -248,6 +247,11 @@ class StepTiming(Callback):
         self._val_nested_s = 0.0
         self._trainer: Trainer | None = None
         self._original_save: Any = None
+
+    @property
+    def world_size(self) -> int:
+        """Processes of the current (or last) fit."""
+        return self._world
 
     @property
     def comm_mode(self) -> str:
@@ -545,48 +549,7 @@ class StepTiming(Callback):
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """Rows for the CLI's end table: the mean step and its parts, events, comm, serial fraction."""
-        means = self.mean_parts()
-        if not means:
-            return [("time/step", f"no step measured after the {self.warmup_steps} warm-up steps")]
-        step = sum(means[p] for p in PARTS)
-        rate = self.samples * self._world / (step * self.steps) if step > 0 else 0.0
-        rows = [("time/step", f"{step * 1e3:.2f} ms mean over {self.steps} steps, {rate:,.0f} samples/s")]
-        for part in PARTS:
-            share = means[part] / step if step > 0 else 0.0
-            text = f"{means[part] * 1e3:.2f} ms ({share:.1%})"
-            if part == "comm_exposed" and self.comm_mode != "ddp":
-                text = ("none (one process)" if self._world == 1 else
-                        "not measured (FSDP: inside backward)" if self.comm_mode == "fsdp" else "not measured")
-            rows.append((f"  {LABELS[part]}", text))
-        if self.checkpoints:
-            rows.append(("  checkpoint", f"{self.checkpoints} x {self.checkpoint_s / self.checkpoints:.3f} s "
-                                         f"(loop stall; {self.checkpoint_s / self.steps * 1e3:.2f} ms per step)"))
-        if self.validations:
-            rows.append(("  validation", f"{self.validations} x {self.validation_s / self.validations:.3f} s"))
-        if self.comm_mode == "ddp":
-            text = (f"{self.comm.summary_name()}, {means['hook_calls']:.0f} bucket(s), "
-                    f"{means['bytes'] / 1e6:.3f} MB/step, "
-                    f"{means['comm'] * 1e3:.2f} ms/step in flight, {means['comm_exposed'] * 1e3:.2f} ms exposed")
-            if self.link is not None:
-                gbps = self.link.bandwidth_bytes_per_s * 8 / 1e9
-                text += (f"; model {means['comm_predicted'] * 1e3:.2f} ms "
-                         f"(B {gbps:.2f} Gbit/s, a {self.link.latency_s * 1e6:.1f} us)")
-            rows.append(("comm", text))
-        elif self.comm_mode == "fsdp":
-            measured = (f"{sum(self.fsdp_collective_s) / len(self.fsdp_collective_s) * 1e3:.2f} ms collectives/step "
-                        f"(torch.profiler, {len(self.fsdp_collective_s)} sampled steps)"
-                        if self.fsdp_collective_s else "no step profiled")
-            rows.append(("comm (FSDP)", f"{measured}; NOT measured under FSDP: exposed comm (counted as backward), "
-                                        "bytes per step, model prediction"))
-        share = serial_fraction(means, self.checkpoint_s / self.steps)
-        s = amdahl_serial_fraction(share, self._world)
-        preds = ", ".join(f"x{amdahl_speedup(n, s):.2f} at N={n}" for n in (2, 4, 8))
-        ceiling = "inf" if s == 0 else f"{1 / s:.1f}"
-        where = "" if self._world == 1 else f" (serial share {share:.3f} of a step on {self._world} devices)"
-        rows.append(("amdahl/serial_fraction", f"{s:.3f}{where} -> speedup {preds} (ceiling x{ceiling})"))
-        if self.plot_path is not None:
-            rows.append(("time breakdown", str(self.plot_path)))
-        return rows
+        return summary_rows(self)
 
     # ------------------------------------------------------------------ state
     @override
