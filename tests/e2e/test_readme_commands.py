@@ -32,6 +32,7 @@ SCRIPT: list[tuple[str, list[str], int]] = [
     ("python -m recipes.fit --config configs/digits.yaml", [], 0),  # the first command, as is: promote needs it
     ("python -m recipes.fit --config configs/digits.yaml --trainer.max_epochs 5 --run_name short", [], 0),
     ("python -m recipes.fit --config configs/digits.yaml --config configs/strategy/ddp.yaml", SHORT, 0),
+    ("python -m recipes.fit --config configs/digits.yaml --config configs/strategy/fsdp.yaml", SHORT, 0),
     ("python -m recipes.fit --config configs/digits.yaml --config configs/precision/bf16-mixed.yaml", SHORT, 0),
     ("python -m recipes.fit --config configs/digits.yaml --print_config", [], 0),
     ("python -m recipes.fit --config configs/digits.yaml --spot.every_minutes auto --spot.interruption_rate 0.05",
@@ -44,6 +45,7 @@ SCRIPT: list[tuple[str, list[str], int]] = [
     ('python -m recipes.sample --ckpt runs/gpt/<run>/checkpoints/step=00000300.ckpt --prompt "def "', [], 0),
     ("python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance a3-highgpu-1g", [], 0),
     ("python -m recipes.plan --run <run id or run dir> --instance a3-highgpu-8g --interruption-rate 0.05", [], 0),
+    ("python -m recipes.scale --config configs/digits.yaml --devices 1,2 --steps 60", [], 0),
     ("python -m recipes.comm --params 1.5e9 --bytes-per-param 4 --bandwidth-gbps 100 --workers 2,8,64", [], 0),
     ("python -m recipes.plan batch --b-noise 200 --ref-steps 900 --ref-batch 32 --step-times "
      "32:0.011,64:0.015,128:0.024 --batches 32,64,128,256,512,1024 --devices 1,2,4,8 --params 1.2e6 "
