@@ -503,7 +503,7 @@ def _parser() -> argparse.ArgumentParser:
     comm.add_argument("--bandwidth-gbps", type=float, help="link bandwidth, Gbit/s")
     comm.add_argument("--latency-us", type=float, default=5.0, help="per-hop latency, microseconds (default 5)")
     p.add_argument("--instance", default="cpu-local", help="instance from the price catalog (default cpu-local)")
-    p.add_argument("--catalog", help="price catalog YAML (default configs/prices.yaml)")
+    p.add_argument("--catalog", help="price catalog YAML (default callbacks/analysis/prices.yaml)")
     p.add_argument("--market", default="on_demand", choices=MARKETS, help="which price (default on_demand)")
     p.add_argument("--price-per-h", type=float, help="override the instance's price per hour, USD")
     p.add_argument("--json", action="store_true", help="print the rows and picks as JSON")

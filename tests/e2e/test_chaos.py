@@ -101,9 +101,8 @@ class _Unreachable:
 def test_an_unreachable_bucket_is_a_store_error_naming_the_url(tmp_path: Path) -> None:
     """The CLI turns OSError/StoreError into one line; botocore's connection errors were neither (a traceback)."""
     pytest.importorskip("s3fs")
-    from callbacks.remote_store import RemoteCheckpoints, StoreError
-
-    from callbacks import ckpt_store
+    from callbacks.storage import ckpt_store
+    from callbacks.storage.remote_store import RemoteCheckpoints, StoreError
 
     url = "s3://atscale-chaos/runs/digits/r/checkpoints"
     remote = RemoteCheckpoints(url, tmp_path / "staged")
@@ -129,7 +128,8 @@ def test_connection_errors_of_abandoned_transfers_are_not_printed(caplog: pytest
     import gc
 
     import fsspec.asyn
-    from callbacks.remote_store import filesystem
+
+    from callbacks.storage.remote_store import filesystem
 
     filesystem("s3://atscale-chaos/runs")  # as every remote run does first
 
