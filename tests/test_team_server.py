@@ -95,6 +95,9 @@ def test_sweep_on_the_team_server(team_server: TeamServer, tmp_path: Path) -> No
                   "--devices", "1,2", "--steps", "6", "--warmup", "2", "--experiment", "team-sweep",
                   "--runs-root", f"s3://{team_server.bucket}/sweep", "--json")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    # --json promises only JSON on stdout; against a server MLflow writes "View run ... at: http://..." there
+    # when a run ends, unless MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT is set
+    assert result.stdout.lstrip().startswith("{") and "View run" not in result.stdout, result.stdout[:600]
     data = json.loads(result.stdout)
     client = mlflow.MlflowClient(team_server.tracking_uri)
     parent = client.get_run(data["parent_run_id"])
