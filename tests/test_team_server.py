@@ -148,10 +148,11 @@ def test_eight_concurrent_runs_of_a_new_experiment(team_server: TeamServer, tmp_
 @pytest.mark.timeout(1800)
 def test_spot_run_resumes_on_a_wiped_machine_then_compare_promote_reproduce(
         team_server: TeamServer, s3fs_fresh: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    base = (*DIGITS, "--experiment", "team-spot", "--trainer.max_epochs", "2")
-    reference = tmp_path / "reference"  # an uninterrupted run, local everything
+    reference = tmp_path / "reference"  # an uninterrupted run, local everything (experiment "digits")
     reference.mkdir()
-    run_fit(reference, *base, "--run_name", "ref", "--log_model", "false", check=True)
+    run_fit(reference, *DIGITS, "--trainer.max_epochs", "2", "--run_name", "ref", "--log_model", "false",
+            check=True)
+    base = (*DIGITS, "--experiment", "team-spot", "--trainer.max_epochs", "2")
 
     bucket = team_server.bucket
     runs_root = f"s3://{bucket}/team"
