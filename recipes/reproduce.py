@@ -49,7 +49,8 @@ __all__ = ["DEFAULT_IGNORE", "MetricDiff", "compare_metrics", "fetch_record", "m
 
 #: Metric name patterns (fnmatch) that depend on timing or the machine, not on the training's numbers.
 DEFAULT_IGNORE = ("system/*", "time/*", "comm/*", "amdahl/*", "cost/*", "throughput/*", "*per_sec*", "*/time",
-                  "*mfu*", "*_s", "validate/*", "train/device/*")
+                  "*mfu*", "*_s", "validate/*", "train/device/*",
+                  "spot/*")  # interruptions the machine had; a resumed run ends bitwise equal without them
 TAG = "reproduces"
 #: JSON dict of tags for the MLflow run the CLI creates (honoured once recipes.cli reads it; until then the
 #: tag is set on the finished run, found by its name).
