@@ -57,7 +57,8 @@ __all__ = ["DEFAULT_IGNORE", "MetricDiff", "compare_metrics", "fetch_record", "m
 
 #: Metric name patterns (fnmatch) that depend on timing or the machine, not on the training's numbers.
 DEFAULT_IGNORE = ("system/*", "time/*", "comm/*", "amdahl/*", "cost/*", "throughput/*", "*per_sec*", "*/time",
-                  "*mfu*", "*_s", "validate/*", "train/device/*")
+                  "*mfu*", "*_s", "validate/*", "train/device/*",
+                  "spot/*")  # interruptions the machine had; a resumed run ends bitwise equal without them
 TAG = REPRODUCES_TAG
 
 

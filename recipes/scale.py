@@ -618,6 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.from_csv and extra:
             raise UsageError(f"--from-csv trains nothing; unexpected arguments {' '.join(extra)}")
         quiet = Console(stderr=True) if args.json else console
+        if args.json:  # only JSON on stdout: MLflow writes "View run ... at: URL" there when a server's run ends
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         result = run_from_csv(args, quiet) if args.from_csv else run_sweep(args, extra, quiet)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
