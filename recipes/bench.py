@@ -61,7 +61,7 @@ from typing_extensions import override
 
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
-from recipes import chaos
+from recipes import bench_compression, chaos
 from recipes.common import ArgumentParser, HelpFormatter, UsageError
 
 PROG = "python -m recipes.bench"
@@ -785,6 +785,9 @@ def build_parser() -> argparse.ArgumentParser:
     cont.add_argument("--warmup", type=int, default=10, help="steps before the timed window")
     cont.add_argument("--rounds", type=int, default=3, help="rounds of every setting, interleaved; medians shown")
     cont.add_argument("--json", action="store_true", help="print the figures as JSON")
+    bench_compression.add_arguments(sub.add_parser(
+        "compression", help="dense, fp16, PowerSGD and top-k on the digits recipe, 2 processes: bytes, step, accuracy",
+        formatter_class=HelpFormatter, description=(bench_compression.__doc__ or "").splitlines()[0]))
     worker = sub.add_parser("_contention_worker")  # one setting in a fresh process (internal)
     worker.add_argument("--steps", type=int, default=60)
     worker.add_argument("--warmup", type=int, default=10)
@@ -801,6 +804,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "chaos":
             return chaos.main(args)
+        if args.command == "compression":
+            return bench_compression.run(args)
         if args.command == "_contention_worker":
             logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
             warnings.filterwarnings("ignore")
