@@ -30,7 +30,8 @@ key                        meaning
 =========================  ===========================================================
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
-``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/notices.py``, ``analysis/ckpt_interval.py``.
+``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/{notices,rng,collectives}.py``,
+``analysis/ckpt_interval.py``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning.pytorch as pl
-import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
@@ -55,6 +55,7 @@ from typing_extensions import override
 from .checkpoint_io import RUN_METADATA_KEY, mirror_of
 from .storage import ckpt_store
 from .utils import notices
+from .utils.collectives import all_ranks, any_rank
 from .utils.rng import rng_state, set_rng_state
 
 if TYPE_CHECKING:
@@ -215,14 +216,11 @@ class SpotCheckpoint(Callback):
 
     def _should_stop(self, trainer: Trainer) -> bool:
         """Whether any rank has a notice: one all-reduce (max), outside any signal handler."""
-        flag = 1.0 if self._flag.is_set() else 0.0
-        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            tensor = torch.tensor([flag], device=trainer.strategy.root_device)
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-            flag = float(tensor.item())
-            if flag and not self._flag.is_set():
-                self.notify(notices.Notice("peer", "another rank received a notice"))
-        return flag > 0
+        local = self._flag.is_set()
+        stop = any_rank(local, trainer.strategy.root_device) if trainer.world_size > 1 else local
+        if stop and not local:
+            self.notify(notices.Notice("peer", "another rank received a notice"))
+        return stop
 
     def _fire_drill(self, key: str) -> None:
         if key in self.drills_fired:
@@ -295,10 +293,8 @@ class SpotCheckpoint(Callback):
             due = loop.batch_progress.is_last_batch and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
         except AttributeError:
             due = False
-        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
-            tensor = torch.tensor([1.0 if due else 0.0], device=trainer.strategy.root_device)
-            dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-            due = bool(tensor.item())
+        if trainer.world_size > 1:
+            due = all_ranks(bool(due), trainer.strategy.root_device)
         return bool(due)
 
     def _stop_on_notice(self, trainer: Trainer, validate_after: bool = False) -> None:
