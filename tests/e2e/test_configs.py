@@ -41,8 +41,9 @@ def test_contains_is_strict_about_values() -> None:
 
 
 def test_every_yaml_is_valid_yaml() -> None:
-    for path in CONFIGS.rglob("*.yaml"):
-        assert isinstance(yaml.safe_load(path.read_text()), dict), path
+    for path in CONFIGS.rglob("*.yaml"):  # a Kubernetes file holds several documents
+        documents = list(yaml.safe_load_all(path.read_text()))
+        assert documents and all(isinstance(d, dict) for d in documents), path
 
 
 def test_price_catalog_loads() -> None:
