@@ -374,14 +374,28 @@ def _piece_classes() -> dict[str, tuple[type, ...]]:
 
 
 def run_full_recipe(args: argparse.Namespace, root: Path, index: int,
-                    without: frozenset[str] = frozenset()) -> tuple[list[float], float]:
-    """The full recipe (less the pieces named in ``without``, see :data:`PIECES`): (step ends, fit seconds)."""
+                    without: frozenset[str] = frozenset(), recipe: Sequence[str] | None = None,
+                    watch: Stopwatch | None = None) -> tuple[list[float], float]:
+    """The full recipe (less the pieces named in ``without``, see :data:`PIECES`): (step ends, fit seconds).
+
+    ``recipe``: the CLI arguments of the model, data and trainer (default: the benchmark's MLP on
+    ``args``' sizes, on one CPU); ``watch``: the stopwatch to append (default a :class:`Stopwatch`).
+    """
     from unittest import mock
 
     from recipes.cli import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME, AtscaleCLI
 
     for key in (ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME):
         os.environ.pop(key, None)  # set by a previous in-process run
+    if recipe is None:
+        recipe = [
+            "--model", "recipes.bench.BenchModule", "--model.features", str(args.features),
+            "--model.hidden", str(args.hidden), "--model.layers", str(args.layers),
+            "--data", "recipes.bench.BenchData", "--data.steps", str(args.steps),
+            "--data.batch_size", str(args.batch_size), "--data.features", str(args.features),
+            "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.max_epochs", "1",
+            "--trainer.max_steps", str(args.steps), "--trainer.limit_val_batches", "1",
+            "--experiment", "bench-overhead"]
     extra: list[str] = []
     if "mlflow" in without:
         extra += ["--trainer.logger", "false"]
@@ -391,18 +405,12 @@ def run_full_recipe(args: argparse.Namespace, root: Path, index: int,
         extra += ["--log_model", "false"]
     tag = "-".join(sorted(without)) or "full"
     cli = AtscaleCLI(args=[
-        "--model", "recipes.bench.BenchModule", "--model.features", str(args.features),
-        "--model.hidden", str(args.hidden), "--model.layers", str(args.layers),
-        "--data", "recipes.bench.BenchData", "--data.steps", str(args.steps),
-        "--data.batch_size", str(args.batch_size), "--data.features", str(args.features),
-        "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.max_epochs", "1",
-        "--trainer.max_steps", str(args.steps), "--trainer.limit_val_batches", "1",
-        "--experiment", "bench-overhead", "--run_name", f"{tag}-{time.strftime('%H%M%S')}-{index}",
+        *recipe, "--run_name", f"{tag}-{time.strftime('%H%M%S')}-{index}",
         "--runs_root", str(root / "runs"), "--trainer.default_root_dir", str(root / "default_root"), *extra])
     removed = tuple(cls for piece in without for cls in _piece_classes().get(piece, ()))
     if removed:
         cli.trainer.callbacks = [cb for cb in cli.trainer.callbacks if not isinstance(cb, removed)]
-    watch = Stopwatch()
+    watch = watch or Stopwatch()
     if "timing" not in without and not any(isinstance(cb, StepTiming) for cb in cli.trainer.callbacks):
         cli.trainer.callbacks.append(StepTiming())
     cli.trainer.callbacks.append(watch)
@@ -590,22 +598,45 @@ def run_checkpointing(args: argparse.Namespace, root: Path, mode: str) -> dict[s
 
 
 def copy_floor_s(args: argparse.Namespace, repeats: int = 5) -> dict[str, float]:
-    """The memory-copy floor of a consistent snapshot: ``copy_`` of the benchmark's state into buffers
-    allocated beforehand (median of ``repeats``), and ``clone()`` of it, for comparison."""
+    """The memory-copy floor of the benchmark's state (see :func:`tensors_copy_floor`)."""
     state = [p.detach() for p in BenchModule(args.features, args.hidden, args.layers, optimizer="sgd").parameters()]
-    buffers = [torch.empty_like(t) for t in state]
+    return tensors_copy_floor(state, repeats)
+
+
+def tensors_copy_floor(state: Sequence[torch.Tensor], repeats: int = 5) -> dict[str, float]:
+    """The memory-copy floor of a consistent snapshot of ``state``, as a checkpoint's staging makes it.
+
+    ``copy_s``: median of ``repeats`` ``copy_``-es into buffers allocated beforehand: host memory for
+    host tensors; for CUDA tensors pinned host memory (``torch.empty(..., pin_memory=True)``), copied
+    with ``non_blocking`` and timed up to ``torch.cuda.synchronize()``: the device-to-host floor.
+    ``clone_s``: the same snapshot into fresh memory (``clone()``; ``.cpu()`` for CUDA tensors).
+
+    Returns:
+        ``{"copy_s", "clone_s", "bytes", "pinned"}`` (``pinned``: 1.0 when the buffers were pinned).
+    """
+    cuda = any(t.is_cuda for t in state)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if t.is_cuda else torch.empty_like(t)
+               for t in state]
     copies, clones = [], []
     for _ in range(repeats):
+        sync()
         started = time.perf_counter()
         for buffer, tensor in zip(buffers, state, strict=True):
-            buffer.copy_(tensor)
+            buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        sync()
         copies.append(time.perf_counter() - started)
         started = time.perf_counter()
-        cloned = [t.clone() for t in state]
+        cloned = [t.cpu() if t.is_cuda else t.clone() for t in state]
+        sync()
         clones.append(time.perf_counter() - started)
         del cloned
     return {"copy_s": statistics.median(copies), "clone_s": statistics.median(clones),
-            "bytes": float(sum(t.numel() * t.element_size() for t in state))}
+            "bytes": float(sum(t.numel() * t.element_size() for t in state)), "pinned": float(cuda)}
 
 
 def bench_checkpoint(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -785,6 +816,12 @@ def build_parser() -> argparse.ArgumentParser:
     cont.add_argument("--warmup", type=int, default=10, help="steps before the timed window")
     cont.add_argument("--rounds", type=int, default=3, help="rounds of every setting, interleaved; medians shown")
     cont.add_argument("--json", action="store_true", help="print the figures as JSON")
+    from recipes import bench_gpu
+
+    bench_gpu.add_arguments(sub.add_parser(
+        "gpu", help="the GPU check: gpt-124m tokens/s and MFU, recipe overhead, StepTiming's CUDA clock, "
+                    "checkpoint stall vs a pinned copy (a cpu reduced mode without a GPU)",
+        description=bench_gpu.__doc__.splitlines()[0] if bench_gpu.__doc__ else None, formatter_class=HelpFormatter))
     worker = sub.add_parser("_contention_worker")  # one setting in a fresh process (internal)
     worker.add_argument("--steps", type=int, default=60)
     worker.add_argument("--warmup", type=int, default=10)
@@ -806,6 +843,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.filterwarnings("ignore")
             print(contention_worker(args.steps, args.warmup, args.worker_threads))
             return 0
+        if args.command == "gpu":
+            from recipes import bench_gpu
+
+            logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+            warnings.filterwarnings("ignore")
+            return bench_gpu.main(args, Console(stderr=True))
         if args.command == "contention":
             if args.steps <= args.warmup + 1 or args.rounds < 1 or args.warmup < 1:
                 raise UsageError("contention needs --rounds >= 1, --warmup >= 1 and --steps > --warmup + 1")
