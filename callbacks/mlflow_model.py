@@ -89,6 +89,9 @@ class LogModel(Callback):
 
     Args:
         name: the logged model's name within the run.
+        defer: on one device, only remember the model at fit end; :meth:`log_deferred` logs it once
+            ``trainer.fit`` has returned (the CLI does, before its summary), so that the ~2 s of
+            MLflow's model logging is not part of ``trainer.fit``.
 
     A classifier's logged model is the served classifier (``mlflow.pyfunc.load_model``; ``mlflow models
     serve``), other modules' a PyTorch model (``mlflow.pytorch.load_model``).
@@ -101,14 +104,29 @@ class LogModel(Callback):
         trainer = Trainer(logger=MLFlowLogger(...), callbacks=[LogModel()])
     """
 
-    def __init__(self, name: str = "model") -> None:
+    def __init__(self, name: str = "model", defer: bool = False) -> None:
         self.name = name
+        self.defer = defer
         self.model_uri: str | None = None
+        self._deferred: tuple[Trainer, pl.LightningModule] | None = None
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         if any(getattr(cb, "interrupted", False) for cb in trainer.callbacks):
             return
+        if self.defer and trainer.world_size == 1:  # sharded or not, more ranks gather inside fit as before
+            self._deferred = (trainer, pl_module)
+            return
+        self._log_fit(trainer, pl_module)
+
+    def log_deferred(self) -> str | None:
+        """Log the model that ``defer`` held back at fit end (call once ``trainer.fit`` has returned)."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._log_fit(*deferred)
+        return self.model_uri
+
+    def _log_fit(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         logger = next((lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)), None)
         if logger is None:
             return

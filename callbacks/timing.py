@@ -230,6 +230,10 @@ class StepTiming(Callback):
         #: ``(global step, seconds)`` of every checkpoint of this fit (the loop's stall per save).
         self.checkpoint_log: list[tuple[int, float]] = []
         self.plot_path: Path | None = None
+        #: Set by a runner that calls :meth:`write_deferred_plot` once ``trainer.fit`` has returned (the CLI):
+        #: the plot (~2 s of matplotlib) is then drawn after fit instead of inside it.
+        self.defer_plot = False
+        self._plot_trainer: Trainer | None = None
         self.windows: list[tuple[int, dict[str, float]]] = []
         self._clock: _HostClock | _CudaClock = _HostClock()
         self._world = 1
@@ -524,7 +528,17 @@ class StepTiming(Callback):
         self._log(trainer, self._metrics(means, self.samples / self.steps, self.checkpoint_s / self.steps,
                                          prefix="time/mean/"))
         if self.plot and trainer.is_global_zero:
+            if self.defer_plot:
+                self._plot_trainer = trainer
+            else:
+                self.plot_path = self._write_plot(trainer)
+
+    def write_deferred_plot(self) -> Path | None:
+        """Write (and log) the plot that ``defer_plot`` held back at train end, if any."""
+        trainer, self._plot_trainer = self._plot_trainer, None
+        if trainer is not None:
             self.plot_path = self._write_plot(trainer)
+        return self.plot_path
 
     def run_dir(self, trainer: Trainer) -> Path:
         """The checkpoint directory's parent (the CLI's run directory), else ``default_root_dir``."""

@@ -312,6 +312,8 @@ class Stopwatch(Callback):
 
     def __init__(self) -> None:
         self.ends: list[float] = []
+        #: Seconds ``trainer.fit`` took, when :func:`run_full_recipe` timed it.
+        self.fit_s: float | None = None
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
@@ -360,6 +362,7 @@ PIECES = {
     "manifest": "manifest (at fit start)",
     "log_model": "model logging (at fit end)",
     "timing": "StepTiming",
+    "timing_plot": "StepTiming's time_breakdown.png (at train end)",
 }
 
 
@@ -374,14 +377,28 @@ def _piece_classes() -> dict[str, tuple[type, ...]]:
 
 
 def run_full_recipe(args: argparse.Namespace, root: Path, index: int,
-                    without: frozenset[str] = frozenset()) -> tuple[list[float], float]:
-    """The full recipe (less the pieces named in ``without``, see :data:`PIECES`): (step ends, fit seconds)."""
+                    without: frozenset[str] = frozenset(), recipe: Sequence[str] | None = None,
+                    watch: Stopwatch | None = None) -> tuple[list[float], float]:
+    """The full recipe (less the pieces named in ``without``, see :data:`PIECES`): (step ends, fit seconds).
+
+    ``recipe``: the CLI arguments of the model, data and trainer (default: the benchmark's MLP on
+    ``args``' sizes, on one CPU); ``watch``: the stopwatch to append (default a :class:`Stopwatch`).
+    """
     from unittest import mock
 
     from recipes.cli import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME, AtscaleCLI
 
     for key in (ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME):
         os.environ.pop(key, None)  # set by a previous in-process run
+    if recipe is None:
+        recipe = [
+            "--model", "recipes.bench.BenchModule", "--model.features", str(args.features),
+            "--model.hidden", str(args.hidden), "--model.layers", str(args.layers),
+            "--data", "recipes.bench.BenchData", "--data.steps", str(args.steps),
+            "--data.batch_size", str(args.batch_size), "--data.features", str(args.features),
+            "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.max_epochs", "1",
+            "--trainer.max_steps", str(args.steps), "--trainer.limit_val_batches", "1",
+            "--experiment", "bench-overhead"]
     extra: list[str] = []
     if "mlflow" in without:
         extra += ["--trainer.logger", "false"]
@@ -391,20 +408,27 @@ def run_full_recipe(args: argparse.Namespace, root: Path, index: int,
         extra += ["--log_model", "false"]
     tag = "-".join(sorted(without)) or "full"
     cli = AtscaleCLI(args=[
-        "--model", "recipes.bench.BenchModule", "--model.features", str(args.features),
-        "--model.hidden", str(args.hidden), "--model.layers", str(args.layers),
-        "--data", "recipes.bench.BenchData", "--data.steps", str(args.steps),
-        "--data.batch_size", str(args.batch_size), "--data.features", str(args.features),
-        "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.max_epochs", "1",
-        "--trainer.max_steps", str(args.steps), "--trainer.limit_val_batches", "1",
-        "--experiment", "bench-overhead", "--run_name", f"{tag}-{time.strftime('%H%M%S')}-{index}",
+        *recipe, "--run_name", f"{tag}-{time.strftime('%H%M%S')}-{index}",
         "--runs_root", str(root / "runs"), "--trainer.default_root_dir", str(root / "default_root"), *extra])
     removed = tuple(cls for piece in without for cls in _piece_classes().get(piece, ()))
     if removed:
         cli.trainer.callbacks = [cb for cb in cli.trainer.callbacks if not isinstance(cb, removed)]
-    watch = Stopwatch()
+    watch = watch or Stopwatch()
+    original_fit = cli.trainer.fit
+
+    def timed_fit(*fit_args: Any, **fit_kwargs: Any) -> Any:  # trainer.fit alone, inside the CLI's fit flow
+        started = time.perf_counter()
+        try:
+            return original_fit(*fit_args, **fit_kwargs)
+        finally:
+            watch.fit_s = time.perf_counter() - started
+
+    cli.trainer.fit = timed_fit  # type: ignore[method-assign]
     if "timing" not in without and not any(isinstance(cb, StepTiming) for cb in cli.trainer.callbacks):
         cli.trainer.callbacks.append(StepTiming())
+    for callback in cli.trainer.callbacks:
+        if isinstance(callback, StepTiming) and "timing_plot" in without:
+            callback.plot = False
     cli.trainer.callbacks.append(watch)
     patch = mock.patch.object(AtscaleCLI, "_start_system_metrics", staticmethod(lambda run_id: None)) \
         if "system_metrics" in without else contextlib.nullcontext()
@@ -590,22 +614,45 @@ def run_checkpointing(args: argparse.Namespace, root: Path, mode: str) -> dict[s
 
 
 def copy_floor_s(args: argparse.Namespace, repeats: int = 5) -> dict[str, float]:
-    """The memory-copy floor of a consistent snapshot: ``copy_`` of the benchmark's state into buffers
-    allocated beforehand (median of ``repeats``), and ``clone()`` of it, for comparison."""
+    """The memory-copy floor of the benchmark's state (see :func:`tensors_copy_floor`)."""
     state = [p.detach() for p in BenchModule(args.features, args.hidden, args.layers, optimizer="sgd").parameters()]
-    buffers = [torch.empty_like(t) for t in state]
+    return tensors_copy_floor(state, repeats)
+
+
+def tensors_copy_floor(state: Sequence[torch.Tensor], repeats: int = 5) -> dict[str, float]:
+    """The memory-copy floor of a consistent snapshot of ``state``, as a checkpoint's staging makes it.
+
+    ``copy_s``: median of ``repeats`` ``copy_``-es into buffers allocated beforehand: host memory for
+    host tensors; for CUDA tensors pinned host memory (``torch.empty(..., pin_memory=True)``), copied
+    with ``non_blocking`` and timed up to ``torch.cuda.synchronize()``: the device-to-host floor.
+    ``clone_s``: the same snapshot into fresh memory (``clone()``; ``.cpu()`` for CUDA tensors).
+
+    Returns:
+        ``{"copy_s", "clone_s", "bytes", "pinned"}`` (``pinned``: 1.0 when the buffers were pinned).
+    """
+    cuda = any(t.is_cuda for t in state)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if t.is_cuda else torch.empty_like(t)
+               for t in state]
     copies, clones = [], []
     for _ in range(repeats):
+        sync()
         started = time.perf_counter()
         for buffer, tensor in zip(buffers, state, strict=True):
-            buffer.copy_(tensor)
+            buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        sync()
         copies.append(time.perf_counter() - started)
         started = time.perf_counter()
-        cloned = [t.clone() for t in state]
+        cloned = [t.cpu() if t.is_cuda else t.clone() for t in state]
+        sync()
         clones.append(time.perf_counter() - started)
         del cloned
     return {"copy_s": statistics.median(copies), "clone_s": statistics.median(clones),
-            "bytes": float(sum(t.numel() * t.element_size() for t in state))}
+            "bytes": float(sum(t.numel() * t.element_size() for t in state)), "pinned": float(cuda)}
 
 
 def bench_checkpoint(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -656,6 +703,142 @@ def print_checkpoint(figures: dict[str, Any], console: Console) -> None:
                       f"{figures['stalls']['async']['blocked_s'] / f['copy_s']:.2f}x", highlight=False)
     console.print(f"async / sync: blocked {r['blocked_ratio']:.1%} (goal <= {GOAL_ASYNC_OVER_SYNC:.0%}: "
                   f"{'met' if r['ok'] else 'MISSED'}), effective {r['effective_ratio']:.1%}", highlight=False)
+
+
+
+# ------------------------------------------------------------- default recipe's fit
+DIGITS_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.yaml"
+#: Goal: the default digits recipe's ``trainer.fit`` at most this many times plain Lightning's (issue 16).
+GOAL_FIT_RATIO = 1.15
+#: Width of the fit ratio's 95 % CI below which more rounds stop.
+FIT_MARGIN = 0.05
+
+
+def _from_spec(spec: dict[str, Any]) -> Any:
+    """``{class_path, init_args}`` of a config -> a callable that builds it with the remaining arguments."""
+    import functools
+    import importlib
+
+    module, name = spec["class_path"].rsplit(".", 1)
+    return functools.partial(getattr(importlib.import_module(module), name), **spec.get("init_args", {}))
+
+
+def plain_digits_fit(epochs: int, root: Path) -> float:
+    """Seconds of ``trainer.fit`` for plain Lightning on the digits recipe's module, data and seed.
+
+    The same ``ImageClassifier``, ``DigitsDataModule``, optimizer and schedule as ``configs/digits.yaml``, the same
+    epochs with validation (and its sanity check), on one CPU; no logger, no checkpointing, no progress bar.
+    """
+    import yaml
+
+    from datamodules.digits import DigitsDataModule
+    from recipes.classifier import ImageClassifier
+
+    cfg = yaml.safe_load(DIGITS_CONFIG.read_text())
+    init = dict(cfg["model"]["init_args"])
+    optimizer, scheduler = _from_spec(init.pop("optimizer")), _from_spec(init.pop("lr_scheduler"))
+    pl.seed_everything(cfg["seed_everything"], verbose=False)
+    model = ImageClassifier(**init, optimizer=optimizer, lr_scheduler=scheduler)
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, default_root_dir=root)
+    with open(root / "plain.log", "a") as log_file, contextlib.redirect_stdout(log_file):
+        started = time.perf_counter()
+        trainer.fit(model, datamodule=DigitsDataModule(**cfg["data"]["init_args"]))
+        return time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def _own_store(root: Path) -> Any:
+    """``root`` created, and the recipe's MLflow store in it unless ``MLFLOW_TRACKING_URI`` names one."""
+    from unittest import mock
+
+    root.mkdir(parents=True, exist_ok=True)
+    with mock.patch.dict(os.environ):
+        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        yield root
+
+
+def recipe_digits_fit(epochs: int, root: Path, index: int,
+                      without: frozenset[str] = frozenset()) -> dict[str, float]:
+    """The default digits recipe (less ``without``): ``trainer.fit`` seconds and the CLI's whole fit flow's."""
+    watch = Stopwatch()
+    _, flow_s = run_full_recipe(argparse.Namespace(), root, index, without, watch=watch, recipe=[
+        "--config", str(DIGITS_CONFIG), "--experiment", "bench-fit", "--trainer.max_epochs", str(epochs)])
+    assert watch.fit_s is not None
+    return {"fit_s": watch.fit_s, "flow_s": flow_s}
+
+
+def bench_fit(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """The recipe's and plain Lightning's ``trainer.fit``, interleaved rounds until the ratio's CI settles."""
+    plain: list[float] = []
+    recipe: list[dict[str, float]] = []
+    max_rounds = max(args.rounds, args.max_rounds)
+    ci = (math.nan, math.nan, math.nan)
+    with tempfile.TemporaryDirectory() as tmp, _own_store(Path(args.out or tmp)) as root:
+        for index in range(max_rounds):
+            for key in ("plain", "recipe") if index % 2 == 0 else ("recipe", "plain"):
+                if key == "plain":
+                    plain.append(plain_digits_fit(args.epochs, root))
+                else:
+                    recipe.append(recipe_digits_fit(args.epochs, root, index))
+            console.print(f"round {index + 1}: trainer.fit recipe {recipe[-1]['fit_s']:.2f} s (its whole fit flow "
+                          f"{recipe[-1]['flow_s']:.2f} s), plain Lightning {plain[-1]:.2f} s", highlight=False)
+            if index + 1 >= max(2, args.rounds):
+                # plain / recipe >= 1 / goal  <=>  recipe / plain <= goal
+                speed, low, high = bootstrap_ratio_ci(plain, [r["fit_s"] for r in recipe])
+                ci = (1 / speed, 1 / high, 1 / low)
+                if ci_settled(ci[1], ci[2], FIT_MARGIN):
+                    break
+    ratio, low, high = ci
+    result = verdict(1 / high, 1 / low, 1 / GOAL_FIT_RATIO, FIT_MARGIN / GOAL_FIT_RATIO) if not math.isnan(ratio) \
+        else "inconclusive"
+    return {"recipe_fit_s": [r["fit_s"] for r in recipe], "recipe_flow_s": [r["flow_s"] for r in recipe],
+            "plain_fit_s": plain, "ratio": ratio, "ci95": [low, high], "verdict": result, "goal": GOAL_FIT_RATIO,
+            "rounds_run": len(plain), "load_average": list(os.getloadavg()),
+            "settings": {k: getattr(args, k) for k in ("epochs", "rounds", "max_rounds", "threads")}}
+
+
+def print_fit(figures: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"Default digits recipe vs plain Lightning, trainer.fit of {figures['settings']['epochs']} "
+                        f"epochs with validation ({figures['rounds_run']} interleaved rounds)")
+    for column in ("variant", "median s", "every round (s)"):
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    for name, key in (("plain Lightning trainer.fit", "plain_fit_s"), ("recipe trainer.fit", "recipe_fit_s"),
+                      ("recipe's whole fit flow (MLflow run, fit, flush, summary)", "recipe_flow_s")):
+        table.add_row(name, f"{statistics.median(figures[key]):.2f}", ", ".join(f"{v:.2f}" for v in figures[key]))
+    console.print(table)
+    low, high = figures["ci95"]
+    console.print(f"recipe / plain trainer.fit = {figures['ratio']:.3f}, 95% CI {low:.3f} .. {high:.3f} (goal <= "
+                  f"{figures['goal']}): {figures['verdict']}; load average at the end "
+                  f"{', '.join(f'{v:.2f}' for v in figures['load_average'])}", highlight=False)
+
+
+def bench_fit_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """The digits recipe's trainer.fit with each default piece turned off in turn (see :data:`PIECES`)."""
+    pieces = args.pieces or list(PIECES)
+    variants = ["full", *pieces]
+    fit_s: dict[str, list[float]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp, _own_store(Path(args.out or tmp)) as root:
+        for index in range(args.rounds):
+            for variant in variants if index % 2 == 0 else variants[::-1]:
+                without = frozenset() if variant == "full" else frozenset({variant})
+                fit_s[variant].append(recipe_digits_fit(args.epochs, root, index, without)["fit_s"])
+                console.print(f"round {index + 1}/{args.rounds} (without {variant}): trainer.fit "
+                              f"{fit_s[variant][-1]:.2f} s", highlight=False)
+    full = statistics.median(fit_s["full"])
+    return {"full_fit_s": full, "fit_s": fit_s, "load_average": list(os.getloadavg()),
+            "cost_s": {piece: full - statistics.median(fit_s[piece]) for piece in pieces},
+            "settings": {k: getattr(args, k) for k in ("epochs", "rounds", "threads")}}
+
+
+def print_fit_ablation(figures: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"What each piece adds to the digits recipe's trainer.fit ({figures['full_fit_s']:.2f} s, "
+                        f"medians of {figures['settings']['rounds']} interleaved rounds; cost = full minus without)")
+    for column in ("piece turned off", "trainer.fit without (s)", "cost (s)"):
+        table.add_column(column, justify="left" if column == "piece turned off" else "right")
+    for piece, cost in figures["cost_s"].items():
+        table.add_row(PIECES[piece], f"{statistics.median(figures['fit_s'][piece]):.2f}", f"{cost:+.2f}")
+    console.print(table)
 
 
 # ------------------------------------------------------------------- CPU contention
@@ -788,11 +971,31 @@ def build_parser() -> argparse.ArgumentParser:
     bench_compression.add_arguments(sub.add_parser(
         "compression", help="dense, fp16, PowerSGD and top-k on the digits recipe, 2 processes: bytes, step, accuracy",
         formatter_class=HelpFormatter, description=(bench_compression.__doc__ or "").splitlines()[0]))
+    from recipes import bench_gpu
+
+    bench_gpu.add_arguments(sub.add_parser(
+        "gpu", help="the GPU check: gpt-124m tokens/s and MFU, recipe overhead, StepTiming's CUDA clock, "
+                    "checkpoint stall vs a pinned copy (a cpu reduced mode without a GPU)",
+        description=bench_gpu.__doc__.splitlines()[0] if bench_gpu.__doc__ else None, formatter_class=HelpFormatter))
+    fit = sub.add_parser("fit", help="the default digits recipe's trainer.fit vs plain Lightning's, side by side",
+                         formatter_class=HelpFormatter,
+                         description="trainer.fit of `python -m recipes.fit --config configs/digits.yaml` (in this "
+                                     "process) and of plain Lightning on the same ImageClassifier, DigitsDataModule, "
+                                     "epochs and validation (no logger, checkpointing or progress bar), interleaved "
+                                     f"rounds; goal recipe <= {GOAL_FIT_RATIO}x plain.")
+    fit.add_argument("--epochs", type=int, default=20, help="epochs of both fits (the recipe's default)")
+    fit.add_argument("--rounds", type=int, default=3, help="rounds of both, interleaved (at least this many)")
+    fit.add_argument("--max-rounds", dest="max_rounds", type=int, default=9,
+                     help=f"add rounds until the 95%% CI of the ratio is narrower than {FIT_MARGIN}, or this many")
+    fit.add_argument("--ablate", action="store_true",
+                     help="instead: the recipe's trainer.fit with each default piece turned off in turn")
+    fit.add_argument("--pieces", type=lambda text: [p for p in text.split(",") if p], default=None,
+                     help=f"with --ablate: only these pieces, comma-separated ({', '.join(PIECES)})")
     worker = sub.add_parser("_contention_worker")  # one setting in a fresh process (internal)
     worker.add_argument("--steps", type=int, default=60)
     worker.add_argument("--warmup", type=int, default=10)
     worker.add_argument("--worker-threads", dest="worker_threads", type=int, default=None)
-    for p in (over, ckpt):
+    for p in (over, ckpt, fit):
         p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
         p.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)")
         p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -811,6 +1014,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.filterwarnings("ignore")
             print(contention_worker(args.steps, args.warmup, args.worker_threads))
             return 0
+        if args.command == "gpu":
+            from recipes import bench_gpu
+
+            logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+            warnings.filterwarnings("ignore")
+            return bench_gpu.main(args, Console(stderr=True))
         if args.command == "contention":
             if args.steps <= args.warmup + 1 or args.rounds < 1 or args.warmup < 1:
                 raise UsageError("contention needs --rounds >= 1, --warmup >= 1 and --steps > --warmup + 1")
@@ -821,10 +1030,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 print_contention(figures, console)
             return 0
+        if args.command == "fit":
+            unknown = [p for p in args.pieces or [] if p not in PIECES]
+            if unknown:
+                raise UsageError(f"--pieces {','.join(unknown)}: not one of {', '.join(PIECES)}")
+            for name in ("epochs", "rounds", "max_rounds", "threads"):
+                if getattr(args, name) < 1:
+                    raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
         for name in ("steps", "rounds", "batch_size", "hidden", "layers", "features", "threads", "warmup"):
-            if getattr(args, name) < 1:
+            if args.command != "fit" and getattr(args, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
-        if args.steps <= args.warmup:
+        if args.command != "fit" and args.steps <= args.warmup:
             raise UsageError(f"--steps {args.steps} must exceed --warmup {args.warmup}")
         if args.command == "checkpoint" and not 1 <= args.every < args.steps - args.warmup:
             raise UsageError(f"--every {args.every}: needs at least one save after the {args.warmup} warm-up "
@@ -836,7 +1052,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     console = Console(stderr=args.json)
-    if args.command == "overhead" and args.ablate:
+    if args.command == "fit" and args.ablate:
+        figures = bench_fit_ablation(args, console)
+        printer = print_fit_ablation
+    elif args.command == "fit":
+        figures = bench_fit(args, console)
+        printer = print_fit
+    elif args.command == "overhead" and args.ablate:
         figures = bench_ablation(args, console)
         printer = print_ablation
     elif args.command == "overhead":

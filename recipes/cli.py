@@ -323,7 +323,7 @@ class AtscaleCLI(LightningCLI):
             extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
         extra.append(RelocateCheckpointState())
         if self.config.log_model:
-            extra.append(LogModel())
+            extra.append(LogModel(defer=True))  # logged by fit() once trainer.fit has returned
         user_callbacks = list(config.get("callbacks") or []) + callbacks
         if not any(isinstance(cb, StepTiming) for cb in user_callbacks):  # a config may bring its own
             extra.append(StepTiming())
@@ -352,7 +352,11 @@ class AtscaleCLI(LightningCLI):
             io = AtomicCheckpointIO(mirror=ctx.remote_checkpoints())
             plugins.append(BoundedAsyncCheckpointIO(io) if self.config.async_checkpoint else io)
         config["plugins"] = plugins
-        return super()._instantiate_trainer(config, callbacks + extra)
+        trainer = super()._instantiate_trainer(config, callbacks + extra)
+        for callback in trainer.callbacks:
+            if isinstance(callback, StepTiming):
+                callback.defer_plot = True  # drawn by fit() once trainer.fit has returned
+        return trainer
 
     # ------------------------------------------------------------------ fit
     def mlflow_logger(self) -> MLFlowLogger | None:
@@ -396,6 +400,7 @@ class AtscaleCLI(LightningCLI):
         duration = time.monotonic() - start
         spot = self.spot()
         interrupted = spot is not None and spot.interrupted
+        self._after_fit(logger)
         if logger is not None and self.trainer.is_global_zero and interrupted:
             logger.experiment.set_terminated(logger.run_id, "KILLED")
         if self.trainer.is_global_zero:
@@ -405,6 +410,19 @@ class AtscaleCLI(LightningCLI):
             # worker threads can still hold tensors and abort the process ("terminate called ...")
             torch.distributed.destroy_process_group()
         return REQUEUE_EXIT_CODE if interrupted else 0
+
+    def _after_fit(self, logger: MLFlowLogger | None) -> None:
+        """What the callbacks deferred past ``trainer.fit`` (issue 16): the time-breakdown plot and the model."""
+        try:
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, StepTiming):
+                    callback.write_deferred_plot()
+                elif isinstance(callback, LogModel):
+                    callback.log_deferred()
+        except BaseException:
+            if logger is not None and self.trainer.is_global_zero and logger.run_id:
+                logger.experiment.set_terminated(logger.run_id, "FAILED")
+            raise
 
     def _prepare_data(self) -> None:
         """Download or check the data before any MLflow run exists: missing data is bad input, not a failed run.

@@ -394,3 +394,21 @@ def test_compression_configs_parse_to_one_compression_and_one_step_timing(
     assert cli.trainer.world_size == 2 and type(cli.trainer.strategy).__name__ == "DDPStrategy"
     if hook == "powersgd":
         assert (compressions[0].powersgd_rank, compressions[0].powersgd_start_iter) == (1, 10)
+
+
+def test_deferred_plot_is_drawn_after_fit_not_inside_it(tmp_path: Path) -> None:
+    """The CLI sets ``defer_plot``: train end only remembers the trainer; ``write_deferred_plot`` draws and logs it."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    timer = StepTiming(warmup_steps=1, log_every_n_steps=2, calibrate_comm=False)
+    timer.defer_plot = True
+    trainer = Trainer(accelerator="cpu", max_steps=4, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                      callbacks=[timer], default_root_dir=tmp_path)
+    trainer.fit(BoringModel())
+    assert timer.plot_path is None and not (tmp_path / "time_breakdown.png").exists()
+    assert timer.write_deferred_plot() == tmp_path / "time_breakdown.png"
+    assert timer.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert timer.write_deferred_plot() == timer.plot_path  # once only
+    assert dict(timer.summary_rows({}))["time breakdown"] == str(tmp_path / "time_breakdown.png")

@@ -158,6 +158,16 @@ def test_ablation_pieces_and_flags() -> None:
     from recipes.bench import PIECES
 
     assert set(PIECES) == {"mlflow", "system_metrics", "progress_bar", "spot", "cost", "checkpointing",
-                           "baselines", "manifest", "log_model", "timing"}
+                           "baselines", "manifest", "log_model", "timing", "timing_plot"}
     args = build_parser().parse_args(["overhead", "--ablate", "--rounds", "2", "--max-rounds", "4"])
     assert (args.ablate, args.rounds, args.max_rounds) == (True, 2, 4)
+
+
+def test_fit_mode_flags_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["fit", "--ablate", "--pieces", "log_model,timing_plot", "--rounds", "2"])
+    assert (args.command, args.ablate, args.pieces, args.rounds, args.epochs) == (
+        "fit", True, ["log_model", "timing_plot"], 2, 20)
+    assert main(["fit", "--pieces", "log_model,nope"]) == 2
+    assert "--pieces nope: not one of mlflow" in capsys.readouterr().err
+    assert main(["fit", "--epochs", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --epochs 0 must be >= 1"
