@@ -125,11 +125,12 @@ def test_notice_checks_parse_each_provider(metadata_server: str, provider: str, 
 
 def test_hanging_endpoint_does_not_hold_up_training(tmp_path: Path) -> None:
     """A metadata service that never answers: training finishes while the first poll still hangs."""
-    release = threading.Event()
+    asked, release = threading.Event(), threading.Event()
 
     class Hanging(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            release.wait(60)
+            asked.set()
+            release.wait()  # no answer until the test is over, however long training takes
             self.send_response(503)
             self.end_headers()
 
@@ -143,6 +144,9 @@ def test_hanging_endpoint_does_not_hold_up_training(tmp_path: Path) -> None:
     seen: dict[str, int] = {}
 
     class PollerProbe(pl.Callback):
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            assert asked.wait(timeout=60)  # the first poll has reached the endpoint before the first step
+
         def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             assert spot._poller is not None
             seen.update(polls=spot._poller.polls, failures=spot._poller.failures)
