@@ -24,6 +24,10 @@ from recipes import sample
 
 REPO = Path(__file__).resolve().parents[2]
 LOSS_TOLERANCE = 1e-4  # nats, FSDP vs DDP per step
+RUN_TIMEOUT_S = 500  # each of the module's three 2-process CLI runs
+# The module fixture runs the slow part before the first test, each run under its own subprocess timeout
+# (RUN_TIMEOUT_S); pytest-timeout times the test functions alone, so a slow machine does not fail the first test.
+pytestmark = pytest.mark.timeout(600, func_only=True)
 
 
 # ------------------------------------------------------- the CLI, DDP and FSDP
@@ -48,7 +52,7 @@ def run_cli(cwd: Path, strategy: str, run_name: str, *extra: str) -> subprocess.
     cmd = [sys.executable, "-m", "recipes.fit", "--config", str(REPO / "configs/gpt.yaml"),
            "--config", str(REPO / f"configs/strategy/{strategy}.yaml"), *CLI_OVERRIDES,
            "--run_name", run_name, *extra]
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=500)
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out
 
