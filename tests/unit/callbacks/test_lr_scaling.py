@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning.pytorch as pl
@@ -138,8 +137,6 @@ def test_two_processes_ddp_cli_lr_used_is_logged(tmp_path):
     assert metrics["noise_scale/batch_small"] == 32.0  # one rank's batch
     assert metrics["noise_scale/batch_used"] == 64.0  # the all-reduced global batch
     assert [s for s, _ in _history(client, run.info.run_id, "noise_scale/trace_sigma")] == [1, 2, 3]
-    if "noise_scale/b_simple" in metrics:  # defined once EMA(|G|^2) > 0
-        assert metrics["noise_scale/b_simple"] == pytest.approx(
-            metrics["noise_scale/trace_sigma"] / metrics["noise_scale/grad_sq_norm"], rel=1e-12)
-    else:
-        assert metrics["noise_scale/grad_sq_norm"] <= 0 or math.isnan(metrics["noise_scale/grad_sq_norm"])
+    # B_simple is logged exactly when it is defined (EMA(|G|^2) > 0); its value against one computed independently
+    # is tests/unit/callbacks/test_noise_scale.py's (accumulation) and its DDP hook's norms are checked there too
+    assert ("noise_scale/b_simple" in metrics) == (metrics["noise_scale/grad_sq_norm"] > 0)
