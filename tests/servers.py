@@ -204,7 +204,8 @@ def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
     Startup measured at ~0.5 s on the 2-core dev box.
     """
-    pytest.importorskip("moto")
+    import moto  # noqa: F401  (a dev dependency: if it is missing or broken, the S3 tests fail, never skip)
+
     log = tmp_path_factory.mktemp("moto-s3") / "moto.log"
     proc, endpoint = _start_with_port(_moto_cmd, "/moto-api/", clean_env(), log, timeout=30)
     try:
@@ -227,8 +228,8 @@ def moto_s3_strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Serve
     (HTTP 403), even for a bucket that does not exist. With a known key but a wrong secret it is
     ``PermissionError("The request signature we calculated does not match the signature you provided. ...")``.
     """
-    pytest.importorskip("moto")
     import boto3
+    import moto  # noqa: F401  (a dev dependency: if it is missing or broken, the S3 tests fail, never skip)
 
     log = tmp_path_factory.mktemp("moto-s3-strict") / "moto.log"
     env = clean_env(INITIAL_NO_AUTH_ACTION_COUNT="0")
@@ -257,7 +258,8 @@ def s3fs_fresh() -> Iterator[None]:
     fsspec caches filesystems by constructor arguments, and env-var credentials are not among them, so without this
     an instance from an earlier test (other server, other keys) would be reused.
     """
-    s3fs = pytest.importorskip("s3fs")
+    import s3fs
+
     s3fs.S3FileSystem.clear_instance_cache()
     yield
     s3fs.S3FileSystem.clear_instance_cache()

@@ -100,7 +100,6 @@ class _Unreachable:
 
 def test_an_unreachable_bucket_is_a_store_error_naming_the_url(tmp_path: Path) -> None:
     """The CLI turns OSError/StoreError into one line; botocore's connection errors were neither (a traceback)."""
-    pytest.importorskip("s3fs")
     from callbacks.storage import ckpt_store
     from callbacks.storage.remote_store import RemoteCheckpoints, StoreError
 
@@ -123,7 +122,6 @@ def test_an_unreachable_bucket_is_a_store_error_naming_the_url(tmp_path: Path) -
 
 def test_connection_errors_of_abandoned_transfers_are_not_printed(caplog: pytest.LogCaptureFixture) -> None:
     """aiohttp leaves a reset upload's write task unretrieved: asyncio printed its traceback on stderr mid-run."""
-    pytest.importorskip("s3fs")
     import asyncio
     import gc
 
@@ -166,7 +164,6 @@ def test_soak_of_a_bucket_outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     """The bucket drops every connection for 8.5 s from early in training, with a SIGTERM 4.3 s in: the notice save
     waits out the outage; the relaunch resumes from the newest complete checkpoint and ends bitwise equal, in the
     bucket too."""
-    pytest.importorskip("moto")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "chaos.json"
     code = bench.main(["chaos", "--store", "s3", "--faults", "1", "--kinds", "bucket_outage", "--seed", "10",

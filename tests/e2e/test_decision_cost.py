@@ -24,7 +24,10 @@ from callbacks.analysis.decision_cost import argmax_decisions, bayes_decisions
 from recipes import compare, promote
 from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit
 
-pytestmark = pytest.mark.e2e
+DIGITS_RUN_TIMEOUT_S = 600  # the module's 2-epoch fit
+# The module fixture runs the slow part before the first test, each run under its own subprocess timeout
+# (DIGITS_RUN_TIMEOUT_S); pytest-timeout times the test functions alone, so a slow machine does not fail the first test.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600, func_only=True)]
 
 COST_KEYS = ("val/expected_cost", "val/bayes_expected_cost", "baseline/majority_expected_cost",
              "baseline/linear_expected_cost", "baseline/linear_bayes_expected_cost")
@@ -48,7 +51,8 @@ def _mlflow_env(workdir: Path) -> dict[str, str]:
 def digits_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     workdir = tmp_path_factory.mktemp("cost")
     result = run_fit(workdir, "--config", str(CONFIGS / "digits.yaml"), "--experiment", "digits", "--run_name",
-                     "short", "--trainer.max_epochs", "2", *FAST, check=True, env=cli_env(workdir))
+                     "short", "--trainer.max_epochs", "2", *FAST, check=True, env=cli_env(workdir),
+                     timeout=DIGITS_RUN_TIMEOUT_S)
     return workdir, result
 
 

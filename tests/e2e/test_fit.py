@@ -21,6 +21,11 @@ from datamodules.digits import DigitsDataModule
 from recipes.classifier import ImageClassifier
 from tests.conftest import CONFIGS, FAST, client_for, run_fit, runs_of
 
+FIT_TIMEOUT_S = 600  # each of the module's three 20-epoch fits
+# The module fixture runs the slow part before the first test, each run under its own subprocess timeout
+# (FIT_TIMEOUT_S); pytest-timeout times the test functions alone, so a slow machine does not fail the first test.
+pytestmark = pytest.mark.timeout(600, func_only=True)
+
 STRATEGIES = {
     "single": (),
     "ddp": ("--config", str(CONFIGS / "strategy/ddp.yaml")),
@@ -34,7 +39,8 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, ob
     out = {}
     for name, extra in STRATEGIES.items():
         workdir = tmp_path_factory.mktemp(name)
-        result = run_fit(workdir, "--config", str(CONFIGS / "digits.yaml"), *extra, "--run_name", name, *FAST)
+        result = run_fit(workdir, "--config", str(CONFIGS / "digits.yaml"), *extra, "--run_name", name, *FAST,
+                         timeout=FIT_TIMEOUT_S)
         out[name] = (workdir, result)
     return out
 

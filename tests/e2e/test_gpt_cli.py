@@ -18,12 +18,18 @@ from types import SimpleNamespace
 
 import mlflow
 import pytest
+import torch
 
 from datamodules.text import TextDataModule
 from recipes import sample
+from recipes.gpt import GPT
 
 REPO = Path(__file__).resolve().parents[2]
 LOSS_TOLERANCE = 1e-4  # nats, FSDP vs DDP per step
+RUN_TIMEOUT_S = 500  # each of the module's three 2-process CLI runs
+# The module fixture runs the slow part before the first test, each run under its own subprocess timeout
+# (RUN_TIMEOUT_S); pytest-timeout times the test functions alone, so a slow machine does not fail the first test.
+pytestmark = pytest.mark.timeout(600, func_only=True)
 
 
 # ------------------------------------------------------- the CLI, DDP and FSDP
@@ -48,7 +54,7 @@ def run_cli(cwd: Path, strategy: str, run_name: str, *extra: str) -> subprocess.
     cmd = [sys.executable, "-m", "recipes.fit", "--config", str(REPO / "configs/gpt.yaml"),
            "--config", str(REPO / f"configs/strategy/{strategy}.yaml"), *CLI_OVERRIDES,
            "--run_name", run_name, *extra]
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=500)
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out
 
@@ -103,10 +109,28 @@ def test_cli_logs_bits_per_byte_and_baselines(cli: SimpleNamespace) -> None:
     assert "baseline/bigram_bpb" in cli.ddp.stdout  # the end summary's rows
 
 
+def _greedy_by_hand(model: torch.nn.Module, prompt: bytes, new_bytes: int) -> bytes:
+    """Greedy decoding written out: the argmax of the last position's logits, one byte at a time."""
+    idx = list(prompt)
+    with torch.no_grad():
+        for _ in range(new_bytes):
+            logits = model(torch.tensor([idx[-model.hparams.block_size:]]))[0, -1]
+            idx.append(int(logits.argmax()))
+    return bytes(idx)
+
+
 def test_sample_from_an_fsdp_checkpoint_directory(cli: SimpleNamespace,
                                                   capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    """At temperature 0 the FSDP directory's sample is the one-device (DDP file) checkpoint's greedy decoding."""
     ckpt = cli.cwd / "runs/gpt/fsdp/checkpoints/step=00000006.ckpt"
     assert sample.main(["--ckpt", str(ckpt), "--prompt", "import ", "--max-new-bytes", "12",
                         "--temperature", "0"]) == 0
     out = capsysbinary.readouterr().out
-    assert len(out) == len(b"import ") + 12 + 1 and out.startswith(b"import ")
+    ddp_file = cli.cwd / "runs/gpt/ddp/checkpoints/step=00000006.ckpt"
+    assert ddp_file.is_file()
+    one_device = GPT.load_from_checkpoint(ddp_file, map_location="cpu", weights_only=True).eval()
+    expected = _greedy_by_hand(one_device, b"import ", 12)
+    assert out == expected + b"\n", (out, expected)
+    assert sample.main(["--ckpt", str(ddp_file), "--prompt", "import ", "--max-new-bytes", "12",
+                        "--temperature", "0"]) == 0
+    assert capsysbinary.readouterr().out == expected + b"\n"

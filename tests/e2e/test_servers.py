@@ -10,7 +10,9 @@ import sys
 import uuid
 from pathlib import Path
 
+import fsspec
 import pytest
+import s3fs  # noqa: F401  (dev dependencies: missing or broken is a failure, not a skip)
 
 from tests.servers import (  # noqa: F401
     S3Server,
@@ -21,10 +23,6 @@ from tests.servers import (  # noqa: F401
     s3fs_fresh,
     start_process,
 )
-
-fsspec = pytest.importorskip("fsspec")
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
 
 
 def unique(prefix: str) -> str:

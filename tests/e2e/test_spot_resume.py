@@ -22,9 +22,14 @@ from callbacks.storage import ckpt_store
 from tests.conftest import CONFIGS, FAST, cli_env, client_for, fit_command, run_fit, runs_of
 
 EPOCHS = 3
+NOTICE_TO_SAVED_GOAL_S = 2.0  # README, "Spot safety" and the goals table: notice -> checkpoint on disk
 BASE = ("--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs", str(EPOCHS),
         "--trainer.log_every_n_steps", "1", *FAST)
 DDP = ("--config", str(CONFIGS / "strategy/ddp.yaml"))
+REFERENCE_TIMEOUT_S = 600  # each of the two uninterrupted reference fits
+# The module fixture runs the slow part before the first test, each run under its own subprocess timeout
+# (REFERENCE_TIMEOUT_S); pytest-timeout times the test functions alone, so a slow machine does not fail the first test.
+pytestmark = pytest.mark.timeout(600, func_only=True)
 
 
 def final_weights(workdir: Path, run_name: str) -> dict[str, torch.Tensor]:
@@ -61,7 +66,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     for name, extra in (("single", ()), ("ddp", DDP)):
         workdir = tmp_path_factory.mktemp(f"ref-{name}")
-        run_fit(workdir, *BASE, *extra, "--run_name", "ref", check=True)
+        run_fit(workdir, *BASE, *extra, "--run_name", "ref", check=True, timeout=REFERENCE_TIMEOUT_S)
         out[name] = workdir
     return out
 
@@ -88,7 +93,8 @@ def test_interrupted_run_is_bitwise_identical(reference: dict, tmp_path: Path, s
     interruptions = client.get_metric_history(runs[0].info.run_id, "spot/interruptions")
     assert sorted(m.value for m in interruptions) == [1.0, 2.0, 3.0]
     reaction = client.get_metric_history(runs[0].info.run_id, "spot/notice_to_saved_s")
-    assert len(reaction) == 3 and all(m.value > 0 for m in reaction)
+    # the README's goal: a notice's checkpoint is on disk within 2 s (measured 0.03-0.2 s on the digits recipe)
+    assert len(reaction) == 3 and all(0 < m.value < NOTICE_TO_SAVED_GOAL_S for m in reaction), reaction
     lost = client.get_metric_history(runs[0].info.run_id, "spot/lost_steps")
     assert {m.value for m in lost} == {0.0}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -96,26 +95,26 @@ def test_saves_that_keep_up_never_wait(tmp_path: Path) -> None:
     for step in range(3):
         path = tmp_path / f"s{step}.ckpt"
         io.save_checkpoint({"global_step": step, "w": torch.full((4,), float(step))}, path)
-        deadline = time.monotonic() + 60
-        while not ckpt_store.meta_path(path).exists() and time.monotonic() < deadline:
-            time.sleep(0.01)  # the writer finishes before the next save is due
-        time.sleep(0.05)
+        assert io._drained is not None
+        io._drained.result(timeout=60)  # the writer finishes before the next save is due (its own future)
+        assert ckpt_store.meta_path(path).exists()
     io.teardown()
     assert io.waits == 0 and io.waited_s == 0.0
     assert [ckpt_store.read_record(tmp_path / f"s{i}.ckpt").global_step for i in range(3)] == [0, 1, 2]
 
 
-class SlowRecordingIO(CheckpointIO):
-    """Writes slowly and records, at the end of each write, the values it was given (as a torch.save would read)."""
+class GatedRecordingIO(CheckpointIO):
+    """Writes once released and records, at the end of each write, the values it was given (as a torch.save
+    would read them)."""
 
-    def __init__(self, delay_s: float = 0.2) -> None:
-        self.delay_s = delay_s
+    def __init__(self) -> None:
+        self.release = threading.Event()
         self.written: list[tuple[Any, list[float]]] = []
         self.seen_ids: list[int] = []
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         self.seen_ids.append(id(checkpoint["state"]["w"]))
-        time.sleep(self.delay_s)  # the training thread stages the next save meanwhile, if it may
+        assert self.release.wait(timeout=60)  # the training thread stages the next save meanwhile, if it may
         self.written.append((path, checkpoint["state"]["w"].tolist()))
 
     def load_checkpoint(self, path: Any, map_location: Any = None) -> dict[str, Any]:
@@ -127,12 +126,18 @@ class SlowRecordingIO(CheckpointIO):
 
 def test_two_quick_saves_each_write_their_own_steps_values() -> None:
     """The staging buffer is reused: the second save must not overwrite it while the first is still written."""
-    inner = SlowRecordingIO()
+    inner = GatedRecordingIO()
     io = BoundedAsyncCheckpointIO(inner)
     weights = torch.zeros(3)
     io.save_checkpoint({"global_step": 1, "state": {"w": weights}}, "step1")
     weights.add_(1.0)  # the next optimizer step changes the live tensor at once
-    io.save_checkpoint({"global_step": 2, "state": {"w": weights}}, "step2")  # waits for step1's write
+    second = threading.Thread(target=io.save_checkpoint, args=({"global_step": 2, "state": {"w": weights}}, "step2"))
+    second.start()
+    second.join(timeout=0.2)
+    assert second.is_alive()  # waits for step1's write, which the gate holds
+    inner.release.set()
+    second.join(timeout=60)
+    assert not second.is_alive()
     weights.add_(1.0)  # and the step after: step2 is written from the buffer, not from this tensor
     io.teardown()
     assert inner.written == [("step1", [0.0, 0.0, 0.0]), ("step2", [1.0, 1.0, 1.0])]

@@ -125,11 +125,12 @@ def test_notice_checks_parse_each_provider(metadata_server: str, provider: str, 
 
 def test_hanging_endpoint_does_not_hold_up_training(tmp_path: Path) -> None:
     """A metadata service that never answers: training finishes while the first poll still hangs."""
-    release = threading.Event()
+    asked, release = threading.Event(), threading.Event()
 
     class Hanging(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            release.wait(60)
+            asked.set()
+            release.wait()  # no answer until the test is over, however long training takes
             self.send_response(503)
             self.end_headers()
 
@@ -143,6 +144,9 @@ def test_hanging_endpoint_does_not_hold_up_training(tmp_path: Path) -> None:
     seen: dict[str, int] = {}
 
     class PollerProbe(pl.Callback):
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            assert asked.wait(timeout=60)  # the first poll has reached the endpoint before the first step
+
         def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             assert spot._poller is not None
             seen.update(polls=spot._poller.polls, failures=spot._poller.failures)
@@ -388,3 +392,84 @@ def test_validate_on_notice_false_skips_the_validation_as_before(tmp_path: Path)
     trainer.fit(ImageClassifier(), datamodule=DigitsDataModule())
     assert trainer.global_step == 23 and logger.values("val/acc") == []
     assert sorted(p.name for p in (tmp_path / "ck").glob("*.ckpt")) == ["step=00000023.ckpt"]
+
+
+class _Clock:
+    """The monotonic clock SpotCheckpoint reads: it moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _SlowSaveIO(AtomicCheckpointIO):
+    """Each save takes exactly ``save_s`` on the clock; the paths are recorded."""
+
+    def __init__(self, clock: _Clock, save_s: float) -> None:
+        super().__init__()
+        self.clock, self.save_s, self.saved = clock, save_s, []
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        self.clock.now += self.save_s
+        self.saved.append(Path(path).name)
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+class _Tick(pl.Callback):
+    """Each training batch takes ``step_s`` on the clock."""
+
+    def __init__(self, clock: _Clock, step_s: float) -> None:
+        self.clock, self.step_s = clock, step_s
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.clock.now += self.step_s
+
+
+class _TinyRegression(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return self.lin(x).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_auto_interval_in_a_real_trainer_comes_from_the_measured_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """20 steps of 1000 s an epoch, saves of 300 s, one interruption a day: the epoch-end save at step 20 is measured
+    (300 s), which sets Daly's interval t = sqrt(2 d M) (1 + sqrt(d/2M)/3 + d/(18 M)) - d = 7001.4 s; from then a save
+    is due after 8 steps (8000 s >= 7001.4 s, 7000 s is not): steps 28 and 36, then the epoch's end at 40."""
+    import math
+
+    from callbacks import spot as spot_module
+
+    clock = _Clock()
+    monkeypatch.setattr(spot_module, "time", clock)  # the module's only use of time is time.monotonic()
+    io = _SlowSaveIO(clock, save_s=300.0)
+    spot = SpotCheckpoint(every_minutes="auto", interruption_rate=1 - math.exp(-1 / 24), dirpath=str(tmp_path / "ck"),
+                          keep=10, signals=[])
+    logger = RecordingLogger()
+    trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=2, callbacks=[_Tick(clock, 1000.0), spot],
+                         plugins=[io], logger=logger, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False, accelerator="cpu", devices=1, limit_val_batches=0)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(40, 2)), batch_size=2)
+    with caplog.at_level(logging.WARNING, logger="callbacks.spot"):
+        trainer.fit(_TinyRegression(), train_dataloaders=data)
+
+    d, m = 300.0, 24 * 3600.0
+    daly = math.sqrt(2 * d * m) * (1 + math.sqrt(d / (2 * m)) / 3 + d / (2 * m) / 9) - d
+    assert daly == pytest.approx(7001.39, abs=0.01)
+    assert spot.interval_s == pytest.approx(daly, rel=1e-12)
+    assert io.saved == ["step=00000020.ckpt", "step=00000028.ckpt", "step=00000036.ckpt", "step=00000040.ckpt"]
+    (logged,) = [m for _, m in logger.calls if "spot/interval_s" in m]  # chosen once, from the first save
+    assert logged["spot/save_cost_s"] == 300.0
+    assert logged["spot/interval_s"] == logged["spot/optimal_interval_s"] == pytest.approx(daly, rel=1e-12)
+    assert [r.getMessage() for r in caplog.records if r.name == "callbacks.spot"] == [
+        "SpotCheckpoint(every_minutes='auto'): saving every 116.7 min (Daly's optimum for a 300.00 s save and a "
+        "24.0 h MTBF)."]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from recipes.cli import parse_error_message, refused_changes, resumable_change
@@ -63,3 +65,64 @@ def test_progress_bar_has_no_negative_epoch_total(max_epochs: int | None, expect
     bar = RunProgressBar()
     bar._trainer = SimpleNamespace(max_epochs=max_epochs)  # what the description reads
     assert bar._get_train_description(0).strip() == expected
+
+
+# ------------------------------------------------------------------ the end-of-run table
+class _Rows:
+    """A callback that adds rows to the end summary (as Baselines, SpotCheckpoint, CostTracker do)."""
+
+    def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
+        return [("spot/lost_steps", f"{metrics['train/loss'] * 0:.0f} (resumed at step 40)")]
+
+
+def _summary(capsys: pytest.CaptureFixture[str], interrupted: bool, with_mlflow: bool = True) -> list[str]:
+    import torch
+
+    from recipes.cli import AtscaleCLI
+
+    stub = SimpleNamespace(
+        context=SimpleNamespace(experiment="digits", tracking_uri="https://alice:s3cret@mlflow.example/x",
+                                location="runs/digits/r1"),
+        trainer=SimpleNamespace(callback_metrics={"val/acc": torch.tensor(0.97651), "train/loss": 0.25,
+                                                  "per_class": torch.zeros(3)},  # not a scalar: left out
+                                callbacks=[_Rows(), object()], global_step=57),
+        mlflow_logger=lambda: SimpleNamespace(run_id="0123abcd") if with_mlflow else None,
+    )
+    AtscaleCLI.print_summary(stub, duration=12.34, interrupted=interrupted)  # type: ignore[arg-type]
+    return [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+def _title(lines: list[str]) -> str:
+    """The table's title: the lines above its top border, joined."""
+    return " ".join(lines[:next(i for i, line in enumerate(lines) if line.startswith(("┏", "┌")))])
+
+
+def _cells(lines: list[str]) -> list[list[str]]:
+    """The table's rows as lists of cells (the box-drawing borders dropped)."""
+    rows = []
+    for line in lines:
+        cells = [c.strip() for c in line.strip("│┃").split("│")]
+        if len(cells) == 2 and any(cells):
+            rows.append(cells)
+    return rows
+
+
+def test_summary_of_an_interrupted_run_says_so_and_how_to_resume(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _summary(capsys, interrupted=True)
+    assert _title(lines) == "atscale run — INTERRUPTED (relaunch the same command to resume)"  # rich may wrap it
+    assert _cells(lines) == [
+        ["train/loss", "0.2500"],
+        ["val/acc", "0.9765"],
+        ["spot/lost_steps", "0 (resumed at step 40)"],
+        ["duration", "12.3 s (global step 57)"],
+        ["mlflow", "experiment 'digits', run 0123abcd"],
+        ["tracking", "https://alice:***@mlflow.example/x"],  # the password never reaches the log
+        ["run dir", "runs/digits/r1"],
+    ]
+
+
+def test_summary_of_a_finished_run_without_mlflow(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _summary(capsys, interrupted=False, with_mlflow=False)
+    assert _title(lines) == "atscale run — finished"
+    assert [row[0] for row in _cells(lines)] == ["train/loss", "val/acc", "spot/lost_steps", "duration",
+                                                     "run dir"]

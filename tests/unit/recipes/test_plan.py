@@ -124,7 +124,17 @@ def test_json_output_and_picks(capsys):
     assert min(r["wall_h"] for r in rows if r["cost_usd"] <= 50) == budget["wall_h"]
     assert out["inputs"]["scaling_law"] == "Amdahl s=0"
     assert out["instance"]["name"] == "a3-highgpu-1g"
-    assert any(r["pareto"] for r in rows)
+    # the front by hand: with s=0 every on-demand row costs $92.17, so N=64 (the fastest of all) beats the other
+    # on-demand rows; each spot row is cheaper than any on-demand one, and more spot devices are faster but dearer
+    assert [(r["devices"], r["market"]) for r in rows if r["pareto"]] == [
+        (1, "spot"), (2, "spot"), (4, "spot"), (8, "spot"), (16, "spot"), (32, "spot"),
+        (64, "on_demand"), (64, "spot"),
+    ]  # fmt: skip
+    # and no row of the front is dominated by another row (a check of the flag's definition, row by row)
+    for r in rows:
+        dominated = any(o["wall_h"] <= r["wall_h"] and o["cost_usd"] <= r["cost_usd"]
+                        and (o["wall_h"], o["cost_usd"]) != (r["wall_h"], r["cost_usd"]) for o in rows)
+        assert r["pareto"] is not dominated, (r["devices"], r["market"])
 
 
 def test_deadline_infeasible_exits_1_with_message(capsys):

@@ -1,0 +1,89 @@
+"""``python -m recipes.bench overhead|checkpoint`` as commands, with settings tiny enough to run in seconds.
+
+No speed figure is asserted (the lead measures on a quiet machine): the commands' JSON keys, the counts that
+follow from the settings, and the tables printed from those figures.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from recipes.bench import VARIANTS, print_checkpoint, print_overhead
+from tests.conftest import cli_env
+
+TINY = ["--features", "8", "--hidden", "8", "--layers", "1", "--batch-size", "4"]
+
+
+def _bench(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "recipes.bench", *args], cwd=workdir, env=cli_env(workdir),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result
+
+
+def _table(printer, figures: dict) -> str:
+    console = Console(width=250, record=True, force_terminal=False)
+    printer(figures, console)
+    return console.export_text()
+
+
+def test_checkpoint_command_json_and_table(tmp_path: Path) -> None:
+    # 7 steps, 2 warm-up, a save every 2: saves at steps 2, 4, 6, of which 4 and 6 fall in the measured window
+    result = _bench(tmp_path, "checkpoint", "--steps", "7", "--warmup", "2", "--every", "2", "--rounds", "1",
+                    *TINY, "--json", "--out", str(tmp_path / "out"))
+    figures = json.loads(result.stdout)
+    assert set(figures) == {"stalls", "ratio", "floor", "state_mb", "baseline_step_ms", "settings"}
+    assert set(figures["stalls"]) == {"sync", "async"}
+    for stall in figures["stalls"].values():
+        assert set(stall) == {"checkpoints", "blocked_s", "blocked_max_s", "effective_s"}
+        assert stall["checkpoints"] == 2
+        assert 0 <= stall["blocked_s"] <= stall["blocked_max_s"]
+    assert set(figures["ratio"]) == {"blocked_ratio", "effective_ratio", "ok"}
+    assert set(figures["floor"]) == {"copy_s", "clone_s", "bytes"}
+    assert figures["floor"]["bytes"] == (8 * 8 + 8 + 8 * 10 + 10) * 4  # Linear(8, 8) + Linear(8, 10), fp32
+    assert figures["settings"] == {"steps": 7, "warmup": 2, "every": 2, "rounds": 1, "batch_size": 4, "hidden": 8,
+                                   "layers": 1, "features": 8, "threads": 1}
+    assert "round 1/1 (none)" in result.stderr and "round 1/1 (async)" in result.stderr  # progress off stdout
+
+    text = _table(print_checkpoint, figures)
+    assert "Checkpoint stall —" in text
+    for cell in ("writer", "saves", "blocked per save", "max blocked", "effective per save",
+                 "sync (AtomicCheckpointIO)", "async (BoundedAsyncCheckpointIO)", "memory-copy floor", "async / sync:"):
+        assert cell in text, cell
+
+
+@pytest.mark.timeout(600)
+def test_overhead_command_json_and_table(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "overhead", "--steps", "4", "--warmup", "1", "--rounds", "2", "--max-rounds", "2",
+                    *TINY, "--json", "--out", str(tmp_path / "out"))
+    figures = json.loads(result.stdout)
+    assert set(figures) == {"throughput", "median", "all", "rounds_run", "step_ms", "ratios", "median_ratios",
+                            "ci95", "verdict", "full_recipe_fit_s", "timing_cost", "timing_cost_us", "params",
+                            "settings"}
+    for key in ("throughput", "median", "all", "step_ms"):
+        assert set(figures[key]) == set(VARIANTS), key
+    assert figures["rounds_run"] == 2 and all(len(v) == 2 for v in figures["all"].values())
+    assert len(figures["full_recipe_fit_s"]) == 2
+    assert set(figures["ratios"]) == set(figures["median_ratios"]) == {
+        "c/a", "c/b", "c/a_ok", "c/b_ok", "overhead_vs_torch", "overhead_vs_lightning"}
+    assert set(figures["ci95"]) == set(figures["verdict"]) == {"c/b", "c/a"}
+    assert all(set(c) == {"ratio", "low", "high"} for c in figures["ci95"].values())
+    assert figures["params"] == 8 * 8 + 8 + 8 * 10 + 10
+    assert figures["settings"] == {"steps": 4, "warmup": 1, "rounds": 2, "max_rounds": 2, "batch_size": 4,
+                                   "hidden": 8, "layers": 1, "features": 8, "threads": 1}
+    # the full recipe's runs really went through the CLI: their logs are kept in --out
+    assert sorted(p.name for p in (tmp_path / "out").glob("full-*.log")) == ["full-0.log", "full-1.log"]
+
+    text = _table(print_overhead, figures)
+    assert "Framework overhead — MLP with 0.00 M params, best of 2 interleaved rounds" in text
+    for name in VARIANTS.values():
+        assert name in text, name
+    for fragment in ("c/a = ", "(goal >= 0.95:", "c/b = ", "(goal >= 0.99:", "95% CI", "StepTiming alone:",
+                     "warning: steps under 50 ms"):
+        assert fragment in text, fragment
