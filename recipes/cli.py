@@ -474,9 +474,8 @@ class AtscaleCLI(LightningCLI):
         table.add_row("run dir", redact(self.context.location))
         console = Console(stderr=False)
         if not console.is_terminal:  # a log file or a pipe: as wide as the longest row, so paths print whole
-            longest = max((len(cell) for column in table.columns for cell in column.cells if isinstance(cell, str)),
-                          default=0)
-            console = Console(stderr=False, width=max(100, longest + 30))
+            widest = [max((len(c) for c in column.cells if isinstance(c, str)), default=0) for column in table.columns]
+            console = Console(stderr=False, width=max(100, sum(widest) + 3 * len(widest) + 1))  # + borders, padding
         console.print(table)
 
 
