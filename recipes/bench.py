@@ -200,14 +200,15 @@ def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
 def verdict(low: float, high: float, goal: float, margin: float) -> str:
     """``met`` (the interval is at or above ``goal``), ``missed`` (below), else ``inconclusive``.
 
-    An interval wider than ``margin`` is inconclusive too: it cannot tell the goal from its margin.
+    Meeting the goal needs an interval narrower than ``margin`` too (a wide one cannot tell the goal from
+    its margin); an interval wholly below the goal is missed however wide it is.
     """
+    if high < goal:
+        return "missed"
     if high - low >= margin:
         return "inconclusive"
     if low >= goal:
         return "met"
-    if high < goal:
-        return "missed"
     return "inconclusive"
 
 

@@ -151,6 +151,7 @@ def test_verdict_and_settling() -> None:
     assert verdict(0.950, 0.958, goal=0.99, margin=0.01) == "missed"
     assert verdict(0.985, 0.994, goal=0.99, margin=0.01) == "inconclusive"  # straddles the goal
     assert verdict(0.995, 1.030, goal=0.99, margin=0.01) == "inconclusive"  # wider than the margin
+    assert verdict(0.613, 0.691, goal=1 / 1.15, margin=0.05) == "missed"  # wide, but wholly below the goal
     assert ci_settled(0.990, 0.9999, 0.01) and not ci_settled(0.98, 0.99, 0.01)
 
 
