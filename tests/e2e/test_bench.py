@@ -45,7 +45,8 @@ def test_checkpoint_command_json_and_table(tmp_path: Path) -> None:
         assert stall["checkpoints"] == 2
         assert 0 <= stall["blocked_s"] <= stall["blocked_max_s"]
     assert set(figures["ratio"]) == {"blocked_ratio", "effective_ratio", "ok"}
-    assert set(figures["floor"]) == {"copy_s", "clone_s", "bytes"}
+    assert set(figures["floor"]) == {"copy_s", "clone_s", "bytes", "pinned"}
+    assert figures["floor"]["pinned"] == 0.0  # CPU tensors: no pinned host buffer
     assert figures["floor"]["bytes"] == (8 * 8 + 8 + 8 * 10 + 10) * 4  # Linear(8, 8) + Linear(8, 10), fp32
     assert figures["settings"] == {"steps": 7, "warmup": 2, "every": 2, "rounds": 1, "batch_size": 4, "hidden": 8,
                                    "layers": 1, "features": 8, "threads": 1}
