@@ -15,6 +15,7 @@ Copy with it: ``utils/served_classifier.py`` and ``analysis/decision_cost.py`` (
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -171,15 +172,17 @@ class LogModel(Callback):
             network = Path(tmp) / "network"
             mlflow.pytorch.save_model(model, str(network), input_example=example.numpy(),
                                       pip_requirements=requirements)
+            # an artifact, not model_config: MLflow logs a model_config as run params (the whole cost matrix)
+            serving = Path(tmp) / "serving.json"
+            serving.write_text(json.dumps({"classes": list(model.class_names), "decision": str(model.decision),
+                                           "costs": model.cost_matrix.detach().cpu().tolist()}))
             with warnings.catch_warnings(), _quiet_artifact_downloads():
                 warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column")  # class_index
                 return mlflow.pyfunc.log_model(
                     name=self.name,
                     python_model=str(SERVED_CLASSIFIER),
-                    artifacts={"network": str(network)},
+                    artifacts={"network": str(network), "serving": str(serving)},
                     code_paths=[str(DECISION_MATH)],
-                    model_config={"classes": list(model.class_names), "decision": str(model.decision),
-                                  "costs": model.cost_matrix.detach().cpu().tolist()},
                     input_example=(example.numpy(), {"decision": str(model.decision)}),
                     pip_requirements=requirements,
                 )

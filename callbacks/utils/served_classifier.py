@@ -2,7 +2,7 @@
 
 :class:`callbacks.mlflow_model.LogModel` logs this file as the model's code (MLflow "models from code"),
 with the trained network (an MLflow PyTorch model) as its ``network`` artifact, the cost matrix, class
-names and decision rule as its ``model_config``, and :mod:`callbacks.analysis.decision_cost` as its code
+names and decision rule as its ``serving.json`` artifact, and :mod:`callbacks.analysis.decision_cost` as its code
 dependency. MLflow's own server serves it::
 
     mlflow models serve -m models:/digits@champion --env-manager local --port 5000
@@ -20,6 +20,8 @@ own probabilities. A request may pick the rule: ``{"inputs": ..., "params": {"de
 In Python, ``mlflow.pyfunc.load_model(uri).unwrap_python_model().network`` is the PyTorch network.
 """
 
+import json
+from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -36,7 +38,7 @@ class ServedClassifier(mlflow.pyfunc.PythonModel):
     """Network logits -> softmax probabilities -> the decision of the configured (or requested) rule."""
 
     def load_context(self, context: Any) -> None:
-        config = context.model_config
+        config = json.loads(Path(context.artifacts["serving"]).read_text())
         self.classes = [str(name) for name in config["classes"]]
         self.costs = np.asarray(config["costs"], dtype=np.float64)
         self.decision = str(config["decision"])

@@ -150,8 +150,10 @@ def test_promote_by_expected_cost_then_serve_and_batch_score_the_champion(
     network = in_process.unwrap_python_model().network
     with torch.no_grad():
         probs = network(torch.as_tensor(images)).softmax(-1).double().numpy()
-    costs = np.asarray(in_process.model_config["costs"])
+    costs = in_process.unwrap_python_model().costs  # from the model's serving.json artifact
     assert [r["class_index"] for r in expected] == bayes_decisions(costs, probs).tolist()  # digits.yaml: bayes
+    assert not {"classes", "costs", "decision"} & set(mlflow.MlflowClient().get_run(
+        in_process.metadata.run_id).data.params)  # the serving config is an artifact, not run params
 
     port = _free_port()
     server = _serve(uri, port, env, workdir)
