@@ -187,6 +187,11 @@ def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
             if run.info.status in HIDDEN_STATUSES:
                 hidden[run.info.status] = hidden.get(run.info.status, 0) + 1
         runs = [r for r in runs if r.info.status not in HIDDEN_STATUSES]
+    # a scale sweep's parent run summarises its children (which are shown): it is no training run to compare
+    sweeps = [r for r in runs if r.data.tags.get("atscale.kind") == "scale"]
+    if sweeps and not show_all:
+        hidden["scale sweep"] = len(sweeps)
+        runs = [r for r in runs if r.data.tags.get("atscale.kind") != "scale"]
     keys = differing_params([r.data.params for r in runs])
     rows = [_row(r, keys, time.time()) for r in runs]
     sign = -1.0 if mode == "max" else 1.0
