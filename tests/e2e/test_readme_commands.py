@@ -45,7 +45,6 @@ SCRIPT: list[tuple[str, list[str], int]] = [
     ('python -m recipes.sample --ckpt runs/gpt/<run>/checkpoints/step=00000300.ckpt --prompt "def "', [], 0),
     ("python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance a3-highgpu-1g", [], 0),
     ("python -m recipes.plan --run <run id or run dir> --instance a3-highgpu-8g --interruption-rate 0.05", [], 0),
-    ("python -m recipes.scale --config configs/digits.yaml --devices 1,2 --steps 60", [], 0),
     ("python -m recipes.comm --params 1.5e9 --bytes-per-param 4 --bandwidth-gbps 100 --workers 2,8,64", [], 0),
     ("python -m recipes.plan batch --b-noise 200 --ref-steps 900 --ref-batch 32 --step-times "
      "32:0.011,64:0.015,128:0.024 --batches 32,64,128,256,512,1024 --devices 1,2,4,8 --params 1.2e6 "
@@ -54,6 +53,8 @@ SCRIPT: list[tuple[str, list[str], int]] = [
     ("python -m recipes.compare --experiment digits --metric val/expected_cost", [], 0),
     ("python -m recipes.promote --experiment digits --metric val/acc --mode max", [], 0),
     ("python -m recipes.promote --experiment digits --metric val/expected_cost --mode min", [], 0),
+    # last: the sweep adds its parent and two child runs to the digits experiment that compare shows above
+    ("python -m recipes.scale --config configs/digits.yaml --devices 1,2 --steps 60", [], 0),
 ]
 
 
