@@ -28,6 +28,7 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -296,33 +297,63 @@ def _runs_table(rows: list[RunRow], keys: list[str], columns: list[str], metric:
     return table
 
 
-def _params_tables(rows: list[RunRow], keys: list[str], fits: Any) -> list[Any]:
+def _usual_values(rows: list[RunRow], keys: list[str]) -> dict[str, str | None]:
+    """Each param's value in most runs that logged params (``None`` where no value is shared by two runs)."""
+    usual: dict[str, str | None] = {}
+    for key in keys:
+        counts = Counter(r.params.get(key) for r in rows if r.logged_params)
+        value, count = counts.most_common(1)[0] if counts else (None, 0)
+        usual[key] = value if count >= 2 else None
+    return usual
+
+
+def _params_tables(rows: list[RunRow], keys: list[str], fits: Any) -> tuple[list[Any], bool]:
     """One row per param, one column per run (``#1``, ``#2`` ... as in the runs table, with the run's name when all
-    fit), as many tables as it takes."""
+    fit), as many tables as it takes, and whether cells equal to most runs' value were left blank.
+
+    When the full values do not fit one table, a column gives each param's value in most runs and a run's
+    cell shows only where it departs from it: in a whole experiment the one ``auto`` among eight ``None``
+    is what a reader looks for. A table of some runs then lists only the params those runs change.
+    """
     from rich.markup import escape
     from rich.table import Table
 
-    def build(first: int, count: int, named: bool = False) -> Table:
+    usual = _usual_values(rows, keys)
+
+    def cell(row: RunRow, key: str, blank_usual: bool) -> str:
+        value = row.params.get(key)
+        if value is None:
+            return "-"
+        return "" if blank_usual and value == usual[key] else escape(str(value))
+
+    def build(first: int, count: int, named: bool = False, blank_usual: bool = False) -> Table:
         table = Table(title="params that differ" + (f" (runs #{first + 1}-#{first + count})" if count < len(rows)
                                                     else ""))
         table.add_column("param", no_wrap=True)
+        if blank_usual:
+            table.add_column("most runs", overflow="fold")
         for i in range(first, first + count):
             table.add_column(f"#{i + 1}" + (f"\n{escape(rows[i].run_name)}" if named else ""), overflow="fold")
         for key in keys:
-            table.add_row(escape(short_key(key)), *(escape(str(r.params[key])) if r.params.get(key) is not None
-                                                    else "-" for r in rows[first:first + count]))
+            cells = [cell(r, key, blank_usual) for r in rows[first:first + count]]
+            if blank_usual and count < len(rows) and not any(cells):
+                continue  # these runs keep the usual value: the other tables show who changes it
+            table.add_row(escape(short_key(key)), *([escape(str(usual[key] or "-"))] if blank_usual else []), *cells)
         return table
 
     if fits(build(0, len(rows), named=True)):
-        return [build(0, len(rows), named=True)]
+        return [build(0, len(rows), named=True)], False
+    for named in (True, False):
+        if fits(table := build(0, len(rows), named=named, blank_usual=True)):
+            return [table], True
     tables, first = [], 0
     while first < len(rows):
         count = len(rows) - first
-        while count > 1 and not fits(build(first, count)):
+        while count > 1 and not fits(build(first, count, blank_usual=True)):
             count -= 1
-        tables.append(build(first, count))
+        tables.append(build(first, count, blank_usual=True))
         first += count
-    return tables
+    return tables, True
 
 
 def print_table(comparison: Comparison, metric: str, experiment: str, console: Any = None) -> None:
@@ -364,12 +395,15 @@ def print_table(comparison: Comparison, metric: str, experiment: str, console: A
                     omit.append(_EXTRAS[len(omit)])
                 table = _runs_table(rows, [], columns, metric, title, omit)
         console.print(table)
+        blank_usual = False
         if params_apart:
-            for params in _params_tables(rows, keys, fits_wrapped):
+            params_tables, blank_usual = _params_tables(rows, keys, fits_wrapped)
+            for params in params_tables:
                 console.print(params)
         if dropped or omit:
             notes.append(f"Not shown at {console.width} columns: {', '.join(dropped + omit)} (--json has them).")
-        notes.append("Params: only those that differ among these runs." if keys else
+        notes.append(("Params: only those that differ among these runs"
+                      + ("; a blank cell has the value of most runs." if blank_usual else ".")) if keys else
                      "These runs share all their params.")
         silent = [r.run_name for r in rows if not r.logged_params]
         if silent:

@@ -149,3 +149,49 @@ def test_plot_without_costs_uses_wall_time_and_says_so(digits, tracked):
     compare.write_plot(rows, "val/acc", str(path))
     height, width, _ = matplotlib.image.imread(path).shape
     assert width > height > 300
+
+
+#: The runs the README makes in the digits experiment, by what each sets beside the recipe's defaults.
+README_RUNS = {
+    "default": {},
+    "short": {EPOCHS: "5"},
+    "ddp": {EPOCHS: "2", "trainer.strategy": "ddp", "trainer.devices": "2"},
+    "bf16": {EPOCHS: "2", "trainer.precision": "bf16-mixed"},
+    "spot": {EPOCHS: "2", "spot.every_minutes": "auto", "spot.interruption_rate": "0.05"},
+    "cost": {EPOCHS: "2", "cost.instance": "a3-highgpu-1g", "cost.market": "spot"},
+    "fsdp": {EPOCHS: "2", "trainer.strategy": "fsdp", "trainer.devices": "2", "trainer.precision": "bf16-mixed"},
+    "scale-1": {"trainer.max_steps": "60", "trainer.devices": "1"},
+    "scale-2": {"trainer.max_steps": "60", "trainer.devices": "2", "trainer.strategy": "ddp"},
+}
+
+
+def test_a_whole_experiment_shows_each_run_by_what_it_changed(tracked, capsys, monkeypatch):
+    """Before: at 100 columns nine runs split into three params tables, each repeating lines such as
+    ``spot.every_minutes │ None │ None │ None``; a reader had to find the one ``auto`` among them."""
+    monkeypatch.setenv("COLUMNS", "100")
+    client = client_for(tracked)
+    exp_id = client.create_experiment("digits")
+    defaults = {EPOCHS: "10", "trainer.strategy": "auto", "trainer.devices": "1", "trainer.precision": "32-true",
+                "trainer.max_steps": "-1", "spot.every_minutes": "None", "spot.interruption_rate": "None",
+                "cost.instance": "cpu-local", "cost.market": "on_demand"}
+    for i, (name, changes) in enumerate(README_RUNS.items()):
+        _run(client, exp_id, name, {**SHARED, **_own(name), **defaults, **changes},
+             {"val/acc": 0.99 - i / 100, **BASE}, 1_700_000_000 + 100 * i, 60)
+    out = _table(capsys)
+    lines = [line.strip() for line in out.splitlines() if set(line.strip()) - set("─━│┃┏┓┗┛┡┩└┘┌┐├┤╇╈┼ ")]
+    assert not {line for line in lines if lines.count(line) > 1}, out
+    assert "…" not in out and max(len(line) for line in out.splitlines()) <= 100
+    # each param with the value most runs have; a run's cell shows only where it departs from it. Runs #1-#6
+    # fit one table, #7-#9 a second, which lists only the params they change.
+    def rows_of(param: str) -> list[list[str]]:
+        return [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()
+                if line.startswith(f"│ {param} ")]
+
+    assert rows_of("trainer.max_epochs") == [["trainer.max_epochs", "2", "10", "5", "", "", "", ""],
+                                             ["trainer.max_epochs", "2", "", "10", "10"]]
+    assert rows_of("trainer.strategy") == [["trainer.strategy", "auto", "", "", "ddp", "", "", ""],
+                                           ["trainer.strategy", "auto", "fsdp", "", "ddp"]]
+    assert rows_of("spot.every_minutes") == [["spot.every_minutes", "None", "", "", "", "", "auto", ""]]
+    assert rows_of("trainer.max_steps") == [["trainer.max_steps", "-1", "", "60", "60"]]
+    assert "params that differ (runs #1-#6)" in out and "params that differ (runs #7-#9)" in out
+    assert "Params: only those that differ among these runs; a blank cell has the value of most runs." in out
