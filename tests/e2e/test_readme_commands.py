@@ -32,6 +32,7 @@ SCRIPT: list[tuple[str, list[str], int]] = [
     ("python -m recipes.fit --config configs/digits.yaml", [], 0),  # the first command, as is: promote needs it
     ("python -m recipes.fit --config configs/digits.yaml --trainer.max_epochs 5 --run_name short", [], 0),
     ("python -m recipes.fit --config configs/digits.yaml --config configs/strategy/ddp.yaml", SHORT, 0),
+    ("python -m recipes.fit --config configs/digits.yaml --config configs/strategy/fsdp.yaml", SHORT, 0),
     ("python -m recipes.fit --config configs/digits.yaml --config configs/precision/bf16-mixed.yaml", SHORT, 0),
     ("python -m recipes.fit --config configs/digits.yaml --print_config", [], 0),
     ("python -m recipes.fit --config configs/digits.yaml --spot.every_minutes auto --spot.interruption_rate 0.05",
