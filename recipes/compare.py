@@ -297,63 +297,62 @@ def _runs_table(rows: list[RunRow], keys: list[str], columns: list[str], metric:
     return table
 
 
-def _usual_values(rows: list[RunRow], keys: list[str]) -> dict[str, str | None]:
-    """Each param's value in most runs that logged params (``None`` where no value is shared by two runs)."""
-    usual: dict[str, str | None] = {}
+#: ``_usual_values``' mark for a param no two runs share a value of.
+VARIES = object()
+
+
+def _usual_values(rows: list[RunRow], keys: list[str]) -> dict[str, Any]:
+    """Each param's value in most runs that logged params (``None``: most did not log it; :data:`VARIES`: no
+    value is shared by two runs)."""
+    usual: dict[str, Any] = {}
+    logged = [r for r in rows if r.logged_params]
     for key in keys:
-        counts = Counter(r.params.get(key) for r in rows if r.logged_params)
+        counts = Counter(r.params.get(key) for r in logged)
         value, count = counts.most_common(1)[0] if counts else (None, 0)
-        usual[key] = value if count >= 2 else None
+        usual[key] = value if count >= 2 else VARIES
     return usual
 
 
 def _params_tables(rows: list[RunRow], keys: list[str], fits: Any) -> tuple[list[Any], bool]:
-    """One row per param, one column per run (``#1``, ``#2`` ... as in the runs table, with the run's name when all
-    fit), as many tables as it takes, and whether cells equal to most runs' value were left blank.
+    """The differing params for a second table or two, and whether they are shown as changes from most runs.
 
-    When the full values do not fit one table, a column gives each param's value in most runs and a run's
-    cell shows only where it departs from it: in a whole experiment the one ``auto`` among eight ``None``
-    is what a reader looks for. A table of some runs then lists only the params those runs change.
+    When one row per param and one column per run (named ``#1``, ``#2`` ... as in the runs table) fits, that
+    is the table. Else, with many runs, columns of repeated ``None``s would hide the one ``auto`` a reader
+    looks for: one table gives each param's value in most runs, and a second lists, run by run, only where
+    it departs from them.
     """
     from rich.markup import escape
     from rich.table import Table
 
+    grid = Table(title="params that differ")
+    grid.add_column("param", no_wrap=True)
+    for i, row in enumerate(rows):
+        grid.add_column(f"#{i + 1}\n{escape(row.run_name)}", overflow="fold")
+    for key in keys:
+        grid.add_row(escape(short_key(key)), *(escape(str(r.params[key])) if r.params.get(key) is not None
+                                               else "-" for r in rows))
+    if fits(grid):
+        return [grid], False
+
     usual = _usual_values(rows, keys)
-
-    def cell(row: RunRow, key: str, blank_usual: bool) -> str:
-        value = row.params.get(key)
-        if value is None:
-            return "-"
-        return "" if blank_usual and value == usual[key] else escape(str(value))
-
-    def build(first: int, count: int, named: bool = False, blank_usual: bool = False) -> Table:
-        table = Table(title="params that differ" + (f" (runs #{first + 1}-#{first + count})" if count < len(rows)
-                                                    else ""))
-        table.add_column("param", no_wrap=True)
-        if blank_usual:
-            table.add_column("most runs", overflow="fold")
-        for i in range(first, first + count):
-            table.add_column(f"#{i + 1}" + (f"\n{escape(rows[i].run_name)}" if named else ""), overflow="fold")
-        for key in keys:
-            cells = [cell(r, key, blank_usual) for r in rows[first:first + count]]
-            if blank_usual and count < len(rows) and not any(cells):
-                continue  # these runs keep the usual value: the other tables show who changes it
-            table.add_row(escape(short_key(key)), *([escape(str(usual[key] or "-"))] if blank_usual else []), *cells)
-        return table
-
-    if fits(build(0, len(rows), named=True)):
-        return [build(0, len(rows), named=True)], False
-    for named in (True, False):
-        if fits(table := build(0, len(rows), named=named, blank_usual=True)):
-            return [table], True
-    tables, first = [], 0
-    while first < len(rows):
-        count = len(rows) - first
-        while count > 1 and not fits(build(first, count, blank_usual=True)):
-            count -= 1
-        tables.append(build(first, count, blank_usual=True))
-        first += count
-    return tables, True
+    common = Table(title="params that differ: the value most runs have")
+    common.add_column("param", no_wrap=True)
+    common.add_column("most runs", overflow="fold")
+    for key in keys:
+        shown = "(no two runs agree)" if usual[key] is VARIES else "-" if usual[key] is None else str(usual[key])
+        common.add_row(escape(short_key(key)), escape(shown))
+    changes = Table(title="what each run changes")
+    changes.add_column("#", justify="right", no_wrap=True)
+    changes.add_column("run", no_wrap=True)
+    changes.add_column("params unlike most runs", overflow="fold")
+    for i, row in enumerate(rows):
+        if not row.logged_params:
+            departs = "(logged no params)"
+        else:  # a param this run did not log is no change it made (say, the string form of a class it set)
+            departs = ", ".join(f"{short_key(k)}={row.params[k]}" for k in keys
+                                if row.params.get(k) is not None and row.params[k] != usual[k]) or "(none)"
+        changes.add_row(str(i + 1), escape(row.run_name), escape(departs))
+    return [common, changes], True
 
 
 def print_table(comparison: Comparison, metric: str, experiment: str, console: Any = None) -> None:
@@ -395,15 +394,15 @@ def print_table(comparison: Comparison, metric: str, experiment: str, console: A
                     omit.append(_EXTRAS[len(omit)])
                 table = _runs_table(rows, [], columns, metric, title, omit)
         console.print(table)
-        blank_usual = False
+        as_changes = False
         if params_apart:
-            params_tables, blank_usual = _params_tables(rows, keys, fits_wrapped)
+            params_tables, as_changes = _params_tables(rows, keys, fits_wrapped)
             for params in params_tables:
                 console.print(params)
         if dropped or omit:
             notes.append(f"Not shown at {console.width} columns: {', '.join(dropped + omit)} (--json has them).")
         notes.append(("Params: only those that differ among these runs"
-                      + ("; a blank cell has the value of most runs." if blank_usual else ".")) if keys else
+                      + ("; each run by what it changes from most runs." if as_changes else ".")) if keys else
                      "These runs share all their params.")
         silent = [r.run_name for r in rows if not r.logged_params]
         if silent:

@@ -166,8 +166,8 @@ README_RUNS = {
 
 
 def test_a_whole_experiment_shows_each_run_by_what_it_changed(tracked, capsys, monkeypatch):
-    """Before: at 100 columns nine runs split into three params tables, each repeating lines such as
-    ``spot.every_minutes │ None │ None │ None``; a reader had to find the one ``auto`` among them."""
+    """Before: at 100 columns nine runs split into three params tables of repeated lines such as
+    ``spot.every_minutes │ None │ None │ None``, and a reader had to find the one ``auto`` among them."""
     monkeypatch.setenv("COLUMNS", "100")
     client = client_for(tracked)
     exp_id = client.create_experiment("digits")
@@ -181,17 +181,21 @@ def test_a_whole_experiment_shows_each_run_by_what_it_changed(tracked, capsys, m
     lines = [line.strip() for line in out.splitlines() if set(line.strip()) - set("─━│┃┏┓┗┛┡┩└┘┌┐├┤╇╈┼ ")]
     assert not {line for line in lines if lines.count(line) > 1}, out
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 100
-    # each param with the value most runs have; a run's cell shows only where it departs from it. Runs #1-#6
-    # fit one table, #7-#9 a second, which lists only the params they change.
-    def rows_of(param: str) -> list[list[str]]:
-        return [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines()
-                if line.startswith(f"│ {param} ")]
-
-    assert rows_of("trainer.max_epochs") == [["trainer.max_epochs", "2", "10", "5", "", "", "", ""],
-                                             ["trainer.max_epochs", "2", "", "10", "10"]]
-    assert rows_of("trainer.strategy") == [["trainer.strategy", "auto", "", "", "ddp", "", "", ""],
-                                           ["trainer.strategy", "auto", "fsdp", "", "ddp"]]
-    assert rows_of("spot.every_minutes") == [["spot.every_minutes", "None", "", "", "", "", "auto", ""]]
-    assert rows_of("trainer.max_steps") == [["trainer.max_steps", "-1", "", "60", "60"]]
-    assert "params that differ (runs #1-#6)" in out and "params that differ (runs #7-#9)" in out
-    assert "Params: only those that differ among these runs; a blank cell has the value of most runs." in out
+    # each param once with the value most runs have, then each run by what it changes
+    assert _cells(out, "trainer.max_epochs") == ["trainer.max_epochs", "2"]
+    assert _cells(out, "spot.every_minutes") == ["spot.every_minutes", "None"]
+    assert _cells(out, "trainer.strategy") == ["trainer.strategy", "auto"]
+    changes = out[out.index("what each run changes"):]
+    assert [_cells(changes, str(i))[1:] for i in range(1, 10)] == [
+        ["default", "trainer.max_epochs=10"],
+        ["short", "trainer.max_epochs=5"],
+        ["ddp", "trainer.devices=2, trainer.strategy=ddp"],
+        ["bf16", "trainer.precision=bf16-mixed"],
+        ["spot", "spot.every_minutes=auto, spot.interruption_rate=0.05"],
+        ["cost", "cost.instance=a3-highgpu-1g, cost.market=spot"],
+        ["fsdp", "trainer.devices=2, trainer.precision=bf16-mixed, trainer.strategy=fsdp"],
+        ["scale-1", "trainer.max_epochs=10, trainer.max_steps=60"],
+        ["scale-2", "trainer.devices=2, trainer.max_epochs=10, trainer.max_steps=60,"],  # wraps at 100 columns
+    ]
+    assert _cells(changes, "")[1:] == ["", "trainer.strategy=ddp"]
+    assert "Params: only those that differ among these runs; each run by what it changes from most runs." in out
