@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,10 @@ def mirror_of(io: CheckpointIO | None) -> RemoteCheckpoints | None:
     return None
 
 
+#: Leaf types a checkpoint holds that staging leaves as they are (immutable).
+_ATOMS = frozenset({int, float, bool, str, bytes, type(None)})
+
+
 class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
     """Lightning's ``AsyncCheckpointIO`` with at most one save in flight behind the one being submitted.
 
@@ -160,7 +165,24 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
             buffer.copy_(tensor, non_blocking=tensor.device.type == "cuda")
             return buffer
 
-        staged = apply_to_collection(checkpoint, torch.Tensor, copy)
+        def stage(obj: Any) -> Any:
+            # Lightning's apply_to_collection handles every container but pays ~4 µs per element: a
+            # checkpoint's RNG states alone hold ~6,300 ints (26 ms per save). The common containers are
+            # walked here; any other type (a dataclass, a namedtuple, a defaultdict) goes to it as before.
+            kind = type(obj)
+            if kind in _ATOMS:
+                return obj
+            if kind is torch.Tensor or isinstance(obj, torch.Tensor):
+                return copy(obj)
+            if kind is dict or kind is OrderedDict:
+                return kind((key, stage(value)) for key, value in obj.items())
+            if kind is list or kind is tuple:
+                if all(type(item) in _ATOMS for item in obj):
+                    return kind(obj)  # a fresh container: training may change its own later
+                return kind(stage(item) for item in obj)
+            return apply_to_collection(obj, torch.Tensor, copy)
+
+        staged = stage(checkpoint)
         del self._staging[index:]  # tensors the state no longer has
         if cuda:
             torch.cuda.current_stream().synchronize()  # the non-blocking copies have landed

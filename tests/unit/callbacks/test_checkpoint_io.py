@@ -161,3 +161,43 @@ def test_the_staging_buffer_is_allocated_once_and_follows_the_shapes(tmp_path: P
         assert loaded["state"]["b"]["c"].dtype == torch.float64 and loaded["state"]["step"] == 7
     assert torch.load(tmp_path / "s3.ckpt", weights_only=True)["state"]["a"].tolist() == [0.0] * 5
     assert io._staging == []  # given back at teardown
+
+
+def test_staging_keeps_every_container_type_and_copies_what_training_may_change() -> None:
+    """The checkpoint's Python containers are copied as they are (types kept) and its tensors staged, so the
+    writer never sees training's later changes. Before: every save walked the RNG states' ~6,300 ints
+    through Lightning's ``apply_to_collection``, 26 ms per save of the digits recipe's small model."""
+    import collections
+    import dataclasses
+
+    Pair = collections.namedtuple("Pair", "left right")
+
+    @dataclasses.dataclass
+    class Box:
+        tensor: torch.Tensor
+        label: str
+
+    weights = torch.arange(6.0).reshape(2, 3)
+    rng_ints = list(range(625))
+    counts = collections.defaultdict(int, {"a": 1})
+    checkpoint = {"state_dict": collections.OrderedDict(w=weights), "rng": ("MT", tuple(rng_ints), None),
+                  "ints": rng_ints, "counts": counts, "pair": Pair(torch.ones(2), 3), "box": Box(torch.zeros(1), "z"),
+                  "bytes": b"\x00", "float": 0.5, "nested": [{"t": torch.full((2,), 7.0)}, [1, 2.0, "x"]]}
+    io = BoundedAsyncCheckpointIO()
+    staged = io._stage(checkpoint)
+    assert type(staged["state_dict"]) is collections.OrderedDict and torch.equal(staged["state_dict"]["w"], weights)
+    assert staged["state_dict"]["w"] is io._staging[0] and staged["state_dict"]["w"] is not weights
+    assert staged["rng"] == ("MT", tuple(rng_ints), None) and type(staged["rng"]) is tuple
+    assert staged["ints"] == rng_ints and staged["ints"] is not rng_ints  # training may append to its list
+    assert type(staged["counts"]) is collections.defaultdict and staged["counts"] == counts
+    assert staged["counts"] is not counts and staged["counts"].default_factory is int
+    assert type(staged["pair"]) is Pair and torch.equal(staged["pair"].left, torch.ones(2)) and staged["pair"].right == 3
+    assert type(staged["box"]) is Box and staged["box"].label == "z" and staged["box"].tensor is not checkpoint["box"].tensor
+    assert staged["bytes"] == b"\x00" and staged["float"] == 0.5
+    assert torch.equal(staged["nested"][0]["t"], torch.full((2,), 7.0)) and staged["nested"][1] == [1, 2.0, "x"]
+    assert io.allocations == 4  # w, pair.left, box.tensor, nested t
+    weights += 1
+    rng_ints.append(0)
+    counts["b"] = 2
+    assert staged["state_dict"]["w"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert len(staged["ints"]) == 625 and "b" not in staged["counts"]
