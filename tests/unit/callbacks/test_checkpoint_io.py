@@ -191,8 +191,10 @@ def test_staging_keeps_every_container_type_and_copies_what_training_may_change(
     assert staged["ints"] == rng_ints and staged["ints"] is not rng_ints  # training may append to its list
     assert type(staged["counts"]) is collections.defaultdict and staged["counts"] == counts
     assert staged["counts"] is not counts and staged["counts"].default_factory is int
-    assert type(staged["pair"]) is Pair and torch.equal(staged["pair"].left, torch.ones(2)) and staged["pair"].right == 3
-    assert type(staged["box"]) is Box and staged["box"].label == "z" and staged["box"].tensor is not checkpoint["box"].tensor
+    assert type(staged["pair"]) is Pair and staged["pair"].right == 3
+    assert torch.equal(staged["pair"].left, torch.ones(2))
+    assert type(staged["box"]) is Box and staged["box"].label == "z"
+    assert staged["box"].tensor is not checkpoint["box"].tensor
     assert staged["bytes"] == b"\x00" and staged["float"] == 0.5
     assert torch.equal(staged["nested"][0]["t"], torch.full((2,), 7.0)) and staged["nested"][1] == [1, 2.0, "x"]
     assert io.allocations == 4  # w, pair.left, box.tensor, nested t
