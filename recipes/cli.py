@@ -84,6 +84,12 @@ log = logging.getLogger(__name__)
 
 #: MLflow's worker threads for async logging (read when its queue starts).
 ASYNC_LOGGING_THREADS_ENV = "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"
+#: MLflow's async queue, by default, waits for its next batch with a 1 s timeout and looks at its stop event only
+#: after it: every run's end (set_terminated, a flush) then waited ~1 s. Buffered, it sleeps on the stop event
+#: itself (woken at once when the run ends) and writes what gathered each interval as one batch. MLflow parses
+#: the value as an int: "0.5" would stop its logging thread with a ValueError.
+ASYNC_LOGGING_BUFFER_ENV = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
+ASYNC_LOGGING_BUFFER_S = "1"
 _MAX_PARAM_LENGTH = 6000
 #: Errors of the machine rather than of the input: reported in one line, exit code 1.
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
@@ -334,6 +340,7 @@ class AtscaleCLI(LightningCLI):
             # one writer thread: batches are written in the order they were logged (MLflow's default of
             # 10 workers may write two windows out of order)
             os.environ.setdefault(ASYNC_LOGGING_THREADS_ENV, "1")
+            os.environ.setdefault(ASYNC_LOGGING_BUFFER_ENV, ASYNC_LOGGING_BUFFER_S)
             config["logger"] = MLFlowLogger(
                 experiment_name=ctx.experiment,
                 run_name=ctx.run_name,

@@ -9,14 +9,24 @@ import mlflow
 import pytest
 from lightning.pytorch.loggers import MLFlowLogger
 
-from recipes.cli import ASYNC_LOGGING_THREADS_ENV, flush_async_metrics
+from recipes.cli import (
+    ASYNC_LOGGING_BUFFER_ENV,
+    ASYNC_LOGGING_BUFFER_S,
+    ASYNC_LOGGING_THREADS_ENV,
+    flush_async_metrics,
+)
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("end", ["finalize", "flush"])
+@pytest.mark.parametrize("buffer_s", [None, ASYNC_LOGGING_BUFFER_S])  # MLflow's default, the recipe's
 def test_async_metrics_arrive_in_order_with_exact_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        end: str) -> None:
+                                                        end: str, buffer_s: str | None) -> None:
     monkeypatch.setenv(ASYNC_LOGGING_THREADS_ENV, "1")
+    if buffer_s is not None:
+        monkeypatch.setenv(ASYNC_LOGGING_BUFFER_ENV, buffer_s)
+    else:
+        monkeypatch.delenv(ASYNC_LOGGING_BUFFER_ENV, raising=False)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", uri)
     logger = MLFlowLogger(experiment_name="async", tracking_uri=uri, synchronous=False)
