@@ -557,7 +557,7 @@ def print_ablation(figures: dict[str, Any], console: Console) -> None:
 
 def print_overhead(figures: dict[str, Any], console: Console) -> None:
     table = Table(title=f"Framework overhead — MLP with {figures['params'] / 1e6:.2f} M params, best of "
-                        f"{figures['settings']['rounds']} interleaved rounds")
+                        f"{figures.get('rounds_run', figures['settings']['rounds'])} interleaved rounds")
     for column in ("variant", "samples/s", "ms/step", "every round (samples/s)"):
         table.add_column(column, justify="right" if column != "variant" else "left")
     for key, name in VARIANTS.items():
