@@ -1,0 +1,68 @@
+"""RunProgressBar: drawn at most max_refresh_hz times a second, always on an epoch's last batch."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import RichProgressBar
+from torch.utils.data import DataLoader, TensorDataset
+
+import callbacks.progress as progress
+from callbacks.progress import RunProgressBar
+
+
+class _Tiny(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).sum()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val/x", self.layer(batch[0]).sum())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def _loader(batches: int) -> DataLoader:
+    return DataLoader(TensorDataset(torch.ones(batches, 2)), batch_size=1)
+
+
+def test_draws_every_interval_and_on_each_last_batch(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    ticks = itertools.count(step=3)  # every look at the clock is 3 s after the last; draws are 10 s apart
+    monkeypatch.setattr(progress, "monotonic", lambda: float(next(ticks)))
+    drawn: list[tuple[str, int]] = []
+    train_end, val_end = RichProgressBar.on_train_batch_end, RichProgressBar.on_validation_batch_end
+
+    def spy_train(self: Any, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        drawn.append(("train", batch_idx))
+        train_end(self, trainer, module, outputs, batch, batch_idx)
+
+    def spy_val(self: Any, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
+                dataloader_idx: int = 0) -> None:
+        drawn.append(("val", batch_idx))
+        val_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx)
+
+    monkeypatch.setattr(RichProgressBar, "on_train_batch_end", spy_train)
+    monkeypatch.setattr(RichProgressBar, "on_validation_batch_end", spy_val)
+    bar = RunProgressBar(max_refresh_hz=0.1)
+    trainer = Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False,
+                      num_sanity_val_steps=0, default_root_dir=tmp_path, accelerator="cpu")
+    trainer.fit(_Tiny(), train_dataloaders=_loader(9), val_dataloaders=_loader(3))
+    # clock 0 (first), 3, 6, 9, 12 (>= 10 after 0), 15, 18, 21, 24 (12 after 12; also the last batch)
+    # then validation at 27 (3 after 24), 30, 33 (last of validation)
+    assert drawn == [("train", 0), ("train", 4), ("train", 8), ("val", 2)]
+    assert bar.progress is not None
+    # the bar still ends at its total
+    assert [task.completed for task in bar.progress.tasks if task.total == 9] == [9]
+
+
+def test_a_rate_that_is_not_positive_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"max_refresh_hz=0"):
+        RunProgressBar(max_refresh_hz=0)
