@@ -103,14 +103,29 @@ def _serve(model_uri: str, port: int, env: dict[str, str], cwd: Path) -> subproc
     raise AssertionError(f"mlflow models serve did not answer /ping within {SERVE_START_S} s")
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _stop(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)  # the session it leads: mlflow and its uvicorn worker
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=30)
+    """SIGTERM the session ``mlflow models serve`` leads and wait for every process of it, its worker too.
+
+    The worker may still be answering while it shuts down after its parent has exited: the server is
+    stopped only when the whole group is gone (SIGKILL after 30 s).
+    """
+    pgid = server.pid  # started with start_new_session: its pid is the group's id
+    if _group_alive(pgid):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while (server.poll() is None or _group_alive(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if server.poll() is None or _group_alive(pgid):
+        os.killpg(pgid, signal.SIGKILL)
+        server.wait(timeout=30)
 
 
 def _post(port: int, body: dict) -> dict:
