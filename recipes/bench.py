@@ -843,10 +843,17 @@ def print_fit_ablation(figures: dict[str, Any], console: Console) -> None:
 
 
 # ------------------------------------------------------------------- CPU contention
-#: Thread settings compared by ``contention``: (name, torch threads or None for torch's default, OMP_WAIT_POLICY).
-CONTENTION_SETTINGS = (("threads=all, active (torch's default)", None, None),
-                       ("threads=all, passive", None, "PASSIVE"),
-                       ("threads=1", 1, None))
+#: Thread settings compared by ``contention``: (name, torch threads or None for torch's default, OpenMP
+#: environment). GNU OpenMP (torch's on Linux) spins ``GOMP_SPINCOUNT`` times before it sleeps: 300,000 by
+#: default, 0 with ``OMP_WAIT_POLICY=PASSIVE``; a short spin keeps quick hand-offs without holding a core.
+CONTENTION_SETTINGS: tuple[tuple[str, int | None, dict[str, str]], ...] = (
+    ("spin (torch's default)", None, {}),
+    ("passive", None, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("spin 10k", None, {"GOMP_SPINCOUNT": "10000"}),
+    ("spin 1k", None, {"GOMP_SPINCOUNT": "1000"}),
+    ("1 thread", 1, {}))
+#: OpenMP variables the benchmark sets per setting (and so clears from the inherited environment).
+_OPENMP_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 _BUSY_LOOP = "while True:\n    pass\n"
 
 
@@ -868,12 +875,11 @@ def contention_worker(steps: int, warmup: int, threads: int | None) -> float:
     return statistics.median(gaps) * 1e3
 
 
-def _run_worker(args: argparse.Namespace, threads: int | None, policy: str | None) -> float:
+def _run_worker(args: argparse.Namespace, threads: int | None, openmp: dict[str, str]) -> float:
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
-    if policy:
-        env["OMP_WAIT_POLICY"] = policy  # read by OpenMP when torch starts: a fresh process per setting
+    env = {k: v for k, v in os.environ.items() if k not in _OPENMP_ENV}
+    env.update(openmp)  # read by OpenMP when torch starts: a fresh process per setting
     command = [sys.executable, "-m", "recipes.bench", "_contention_worker", "--steps", str(args.steps),
                "--warmup", str(args.warmup)] + (["--worker-threads", str(threads)] if threads else [])
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=600)
@@ -887,11 +893,11 @@ def bench_contention(args: argparse.Namespace, console: Console) -> dict[str, An
     figures: dict[str, dict[str, list[float]]] = {name: {"quiet": [], "contended": []}
                                                  for name, _, _ in CONTENTION_SETTINGS}
     for index in range(args.rounds):
-        for name, threads, policy in CONTENTION_SETTINGS:
-            figures[name]["quiet"].append(_run_worker(args, threads, policy))
+        for name, threads, openmp in CONTENTION_SETTINGS:
+            figures[name]["quiet"].append(_run_worker(args, threads, openmp))
             hog = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP])
             try:
-                figures[name]["contended"].append(_run_worker(args, threads, policy))
+                figures[name]["contended"].append(_run_worker(args, threads, openmp))
             finally:
                 hog.kill()
                 hog.wait()
@@ -908,9 +914,9 @@ def bench_contention(args: argparse.Namespace, console: Console) -> dict[str, An
 
 
 def print_contention(figures: dict[str, Any], console: Console) -> None:
-    table = Table(title=f"Digits recipe step, quiet vs beside one busy-loop process ({figures['cores']} cores, "
-                        f"medians of {figures['rounds']} rounds)")
-    for column in ("setting", "quiet ms/step", "contended ms/step", "contended / quiet", "quiet vs today", "goal"):
+    table = Table(title=f"Digits recipe, ms per step quiet and beside one busy-loop process (busy), all "
+                        f"{figures['cores']} cores' threads unless said; medians of {figures['rounds']} rounds")
+    for column in ("setting", "quiet ms", "busy ms", "busy/quiet", "quiet/default", "goal"):
         table.add_column(column, justify="left" if column == "setting" else "right")
     for name, r in figures["settings"].items():
         table.add_row(name, f"{r['quiet_ms']:.1f}", f"{r['contended_ms']:.1f}", f"{r['ratio']:.2f}x",
