@@ -199,3 +199,20 @@ def test_a_whole_experiment_shows_each_run_by_what_it_changed(tracked, capsys, m
     ]
     assert _cells(changes, "")[1:] == ["", "trainer.strategy=ddp"]
     assert "Params: only those that differ among these runs; each run by what it changes from most runs." in out
+
+
+def test_a_scale_sweeps_parent_run_is_left_out_and_counted(digits, capsys):
+    client, exp_id = digits
+    # a sweep's parent: FINISHED, no params of its own, the sweep's fits as metrics (its children are the runs)
+    parent = client.create_run(exp_id, run_name="scale-digits", tags={"atscale.kind": "scale"}).info.run_id
+    client.log_batch(parent, metrics=[mlflow.entities.Metric("val/acc", 0.99, 0, 0),
+                                      mlflow.entities.Metric("amdahl/serial_fraction", 0.2, 0, 0)])
+    client.set_terminated(parent, "FINISHED")
+    data = json.loads(_table(capsys, "--json"))
+    assert [r["run_name"] for r in data["runs"]] == [NAMES[1], NAMES[0]]  # not first, despite its 0.99
+    assert data["differing_params"] == [LR, EPOCHS]  # its missing params are no differences
+    assert data["hidden"] == {"FAILED": 1, "scale sweep": 1}
+    assert "1 scale sweep run hidden (--all shows it)." in _table(capsys)
+    data = json.loads(_table(capsys, "--json", "--all"))
+    assert [r["run_name"] for r in data["runs"]] == ["scale-digits", NAMES[1], NAMES[0], NAMES[2]]
+    assert data["hidden"] == {}
