@@ -66,3 +66,12 @@ def test_draws_every_interval_and_on_each_last_batch(monkeypatch: pytest.MonkeyP
 def test_a_rate_that_is_not_positive_is_refused() -> None:
     with pytest.raises(ValueError, match=r"max_refresh_hz=0"):
         RunProgressBar(max_refresh_hz=0)
+
+
+def test_a_disabled_bar_as_on_every_rank_but_0_draws_nothing_and_does_not_fail(tmp_path: Any) -> None:
+    bar = RunProgressBar()
+    bar.disable()  # what Lightning does on every rank but 0
+    trainer = Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False,
+                      num_sanity_val_steps=2, default_root_dir=tmp_path, accelerator="cpu")
+    trainer.fit(_Tiny(), train_dataloaders=_loader(4), val_dataloaders=_loader(3))
+    assert bar.progress is None and trainer.global_step == 4
