@@ -381,6 +381,7 @@ class AtscaleCLI(LightningCLI):
         self._prepare_data()
         if logger is not None and self.trainer.is_global_zero:
             mlflow.set_tracking_uri(ctx.tracking_uri)
+            tracking.ensure_experiment(mlflow.MlflowClient(ctx.tracking_uri), ctx.experiment)  # races tolerated
             client, run_id = logger.experiment, logger.run_id  # creates the run, or reopens a resumed one
             if ctx.mlflow_run_id:
                 client.update_run(run_id, status="RUNNING")

@@ -169,6 +169,26 @@ def ensure_store(uri: str) -> bool:
     return created
 
 
+def ensure_experiment(client: Any, name: str) -> str:
+    """The id of experiment ``name``, created if missing.
+
+    Launches started at once on a new store all find no experiment and all create it: MLflow refuses all but
+    one (a UNIQUE constraint), and the others take the one that won.
+    """
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException:
+        found = client.get_experiment_by_name(name)  # created by another launch between the two calls
+        if found is None:
+            raise
+        return found.experiment_id
+
+
 def find_run(client: Any, experiment: str, location: str) -> str | None:
     """The id of the newest MLflow run of ``experiment`` tagged as living at ``location``, if any."""
     exp = client.get_experiment_by_name(experiment)

@@ -143,3 +143,27 @@ def test_find_run_by_location(tmp_path: Path) -> None:
                               start_time=10**13).info.run_id
     assert tracking.find_run(client, "e", "/runs/e/r") == newer
     assert tracking.find_run(client, "e", "it's/quoted") is None
+
+
+def test_an_experiment_another_launch_creates_at_the_same_moment_is_taken_not_an_error(tmp_path: Path) -> None:
+    from recipes.tracking import ensure_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    winner = mlflow.MlflowClient(uri)
+
+    class _LateClient(mlflow.MlflowClient):
+        """Looks before the other launch creates the experiment, creates after it did: the race, made exact."""
+
+        looked = False
+
+        def get_experiment_by_name(self, name: str):  # type: ignore[no-untyped-def]
+            if not self.looked:
+                self.looked = True
+                self.created_by_other = winner.create_experiment(name)
+                return None
+            return super().get_experiment_by_name(name)
+
+    late = _LateClient(uri)
+    assert ensure_experiment(late, "digits") == late.created_by_other
+    assert ensure_experiment(winner, "digits") == late.created_by_other  # found: nothing created
+    assert [e.name for e in winner.search_experiments()] == ["digits", "Default"]
