@@ -1,0 +1,241 @@
+"""CPU threads that follow the machine: every core while it is quiet, fewer while other work holds some.
+
+Torch's OpenMP threads spin while they wait for each other, which is the fastest way to run a
+model on a dedicated machine and the slowest beside another busy process: a thread whose core is
+taken holds up the whole team while the others spin on the cores left (the digits recipe on 2
+cores: 11.5 ms a step quiet, 77 ms beside one busy loop). Sleeping threads (``OMP_WAIT_POLICY=PASSIVE``)
+do not collapse but cost 1.8x on the quiet machine; one thread suits this tiny model either way but
+halves a wider model's quiet speed. No fixed setting is right everywhere (``python -m recipes.bench
+contention``), so this callback measures instead: it times the training steps at the current thread
+count, every so often tries the other candidate counts for a few steps, and keeps whichever is
+fastest now. Probes back off (doubling their interval) while they find nothing better, and start at
+once when steps slow down by half.
+
+It acts only on a single-process CPU run: a multi-process launcher (Lightning's, torchrun) already
+divides the cores among its processes, and a GPU step's CPU threads are not its bottleneck. It
+leaves the thread count as it found it when the fit ends.
+
+Example::
+
+    trainer = Trainer(accelerator="cpu", callbacks=[AdaptiveCpuThreads()])
+
+Copy with it: nothing; this file works alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+log = logging.getLogger(__name__)
+
+#: Metric logged (with the step) whenever the count the run keeps changes.
+THREADS_METRIC = "cpu/threads"
+
+
+def candidate_counts(cores: int) -> list[int]:
+    """Thread counts worth trying on ``cores`` threads: all, all but one (one core busy elsewhere), half, one."""
+    if cores < 1:
+        raise ValueError(f"candidate_counts(cores={cores!r}): expected a positive count.")
+    return sorted({cores, max(1, cores - 1), max(1, cores // 2), 1}, reverse=True)
+
+
+class ThreadChooser:
+    """Decides, from the step times it is fed, which thread count to run next (no torch, no clock: testable).
+
+    Args:
+        candidates: thread counts to choose among; the largest is used first.
+        probe_every: steps at the kept count between two probes at first; doubled after each probe that
+            finds nothing better, up to ``max_probe_every``, and reset when one does.
+        probe_steps: timed steps per probed count (their median is compared).
+        settle_steps: steps not timed after each change of count (the first runs wake or start threads).
+        window: recent steps at the kept count whose median stands for it.
+        gain: a probed count replaces the kept one only if its median is this fraction faster.
+        slowdown: the kept count's median rising this many times above its value when it was chosen
+            (another process started) starts a probe at once.
+        give_up: a probe step (settling ones included) this many times slower than the kept count's median
+            ends that count's probe: beside a busy process, a spinning team's steps can take 20x longer.
+    """
+
+    def __init__(self, candidates: Sequence[int], probe_every: int = 64, max_probe_every: int = 1024,
+                 probe_steps: int = 5, settle_steps: int = 2, window: int = 9, gain: float = 0.05,
+                 slowdown: float = 1.5, give_up: float = 3.0) -> None:
+        if not candidates or min(candidates) < 1:
+            raise ValueError(f"ThreadChooser(candidates={list(candidates)!r}): expected positive counts.")
+        for name, value in (("probe_every", probe_every), ("max_probe_every", max_probe_every),
+                            ("probe_steps", probe_steps), ("window", window)):
+            if value < 1:
+                raise ValueError(f"ThreadChooser({name}={value!r}): expected a positive count.")
+        if settle_steps < 0 or not 0 <= gain < 1 or slowdown <= 1 or give_up <= 1:
+            raise ValueError(f"ThreadChooser(settle_steps={settle_steps!r}, gain={gain!r}, slowdown={slowdown!r}, "
+                             f"give_up={give_up!r}): expected settle_steps >= 0, 0 <= gain < 1, slowdown > 1 "
+                             "and give_up > 1.")
+        self.candidates = sorted(set(candidates), reverse=True)
+        self.kept = self.candidates[0]
+        self.current = self.kept
+        self.base_probe_every, self.max_probe_every = probe_every, max(probe_every, max_probe_every)
+        self.probe_every = probe_every
+        self.probe_steps, self.settle_steps, self.window = probe_steps, settle_steps, window
+        self.gain, self.slowdown, self.give_up = gain, slowdown, give_up
+        self._recent: deque[float] = deque(maxlen=window)
+        self._reference: float | None = None  # the kept count's median when it was (re)established
+        self._since_probe = 0
+        self._settle = 0
+        self._queue: list[int] = []  # counts still to probe
+        self._probe: list[float] = []  # the current probed count's step times
+        self._baseline = 0.0  # the kept count's median when the probe began
+        #: Median seconds per step of each count at its last probe (the kept count: just before it).
+        self.last_probe: dict[int, float] = {}
+        #: Probes run so far.
+        self.probes = 0
+
+    @property
+    def probing(self) -> bool:
+        return bool(self._queue)
+
+    def record(self, seconds: float) -> int | None:
+        """Take one step's time at ``current``; return the count to switch to, or ``None`` to stay."""
+        if len(self.candidates) == 1:
+            return None
+        if self._settle:
+            self._settle -= 1
+            if self._queue and seconds > self.give_up * self._baseline:  # hopeless already: spare the rest
+                self._settle = 0
+                self._probe = [seconds]
+                return self._next_probe()
+            return None
+        if self._queue:
+            return self._record_probe(seconds)
+        self._recent.append(seconds)
+        self._since_probe += 1
+        if len(self._recent) < self.window:
+            return None
+        median = statistics.median(self._recent)
+        if self._reference is None:
+            self._reference = median
+        if self._since_probe >= self.probe_every or median > self.slowdown * self._reference:
+            return self._start_probe(median)
+        return None
+
+    def _switch(self, count: int) -> int:
+        self.current = count
+        self._settle = self.settle_steps
+        return count
+
+    def _start_probe(self, median: float) -> int:
+        self.probes += 1
+        self._baseline = median
+        self._queue = [c for c in self.candidates if c != self.kept]
+        self._probe = []
+        self.last_probe = {self.kept: median}
+        return self._switch(self._queue[0])
+
+    def _record_probe(self, seconds: float) -> int | None:
+        self._probe.append(seconds)
+        if len(self._probe) < self.probe_steps and seconds <= self.give_up * self._baseline:
+            return None
+        return self._next_probe()
+
+    def _next_probe(self) -> int | None:
+        """The probed count is measured: probe the next one, or decide."""
+        self.last_probe[self._queue.pop(0)] = statistics.median(self._probe)
+        self._probe = []
+        if self._queue:
+            return self._switch(self._queue[0])
+        return self._finish_probe()
+
+    def _finish_probe(self) -> int | None:
+        best = min(self.last_probe, key=lambda c: self.last_probe[c])
+        if best != self.kept and self.last_probe[best] < (1 - self.gain) * self._baseline:
+            self.kept = best
+            self.probe_every = self.base_probe_every
+        else:
+            self.probe_every = min(2 * self.probe_every, self.max_probe_every)
+        self._recent.clear()
+        self._reference = None
+        self._since_probe = 0
+        if self.current == self.kept:
+            return None
+        return self._switch(self.kept)
+
+
+class AdaptiveCpuThreads(Callback):
+    """Keeps torch's intra-op thread count at whichever candidate makes training steps fastest now.
+
+    Args:
+        candidates: thread counts to try; default: all of torch's threads at the start, all but one,
+            half, and one (see :func:`candidate_counts`).
+        clock: seconds, for the step times (tests pass a fake one).
+        **chooser: :class:`ThreadChooser`'s settings (``probe_every``, ``probe_steps``, ...).
+    """
+
+    def __init__(self, candidates: Sequence[int] | None = None,
+                 clock: Callable[[], float] = time.perf_counter, **chooser: Any) -> None:
+        self._candidates = list(candidates) if candidates is not None else None
+        self._chooser_settings = chooser
+        ThreadChooser(self._candidates or [1], **chooser)  # bad settings fail here, not at the first step
+        self._clock = clock
+        self.chooser: ThreadChooser | None = None
+        self._initial_threads: int | None = None
+        self._started: float | None = None
+        #: ``(global_step, threads)`` each time the kept count changed.
+        self.changes: list[tuple[int, int]] = []
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit" or trainer.world_size != 1 or not isinstance(trainer.accelerator, CPUAccelerator):
+            return
+        self._initial_threads = torch.get_num_threads()
+        candidates = self._candidates or candidate_counts(self._initial_threads)
+        self.chooser = ThreadChooser(candidates, **self._chooser_settings)
+        torch.set_num_threads(self.chooser.current)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.chooser is not None:
+            for logger in trainer.loggers:
+                logger.log_metrics({THREADS_METRIC: float(self.chooser.kept)}, step=trainer.global_step)
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self.chooser is not None:
+            self._started = self._clock()
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        chooser = self.chooser
+        if chooser is None or self._started is None:
+            return
+        kept = chooser.kept
+        count = chooser.record(self._clock() - self._started)
+        self._started = None
+        if count is not None:
+            torch.set_num_threads(count)
+        if chooser.kept != kept:
+            step = trainer.global_step
+            self.changes.append((step, chooser.kept))
+            times = ", ".join(f"{c} thread{'s' if c > 1 else ''} {s * 1e3:.1f} ms"
+                              for c, s in sorted(chooser.last_probe.items(), reverse=True))
+            log.info("CPU threads %d -> %d at step %d (median step: %s): %s", kept, chooser.kept, step, times,
+                     "other work is holding cores" if chooser.kept < kept else "the cores are free again")
+            for logger in trainer.loggers:
+                logger.log_metrics({THREADS_METRIC: float(chooser.kept)}, step=step)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._initial_threads is not None:
+            torch.set_num_threads(self._initial_threads)  # the process as it was found
+            self._initial_threads = None
+        self.chooser = None
