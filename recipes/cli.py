@@ -46,6 +46,7 @@ from rich.table import Table
 from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.cost import CostTracker
+from callbacks.cpu_threads import AdaptiveCpuThreads
 from callbacks.manifest import Manifest, git_state
 from callbacks.mlflow_model import LogModel
 from callbacks.model_checkpoint import PublishedModelCheckpoint
@@ -200,10 +201,10 @@ class AtscaleCLI(LightningCLI):
         parser.add_argument("--async_checkpoint", type=bool, default=True,
                             help="Write periodic checkpoints in a background thread.")
         parser.add_argument("--cpu_threads", type=str, default="auto",
-                            help="CPU threads per process: 'auto' (OpenMP threads sleep instead of spinning while "
-                                 "they wait, so a busy neighbour process does not make steps 10x slower; the count "
-                                 "is torch's, or the launcher's division of the cores), a count N, or 'torch' "
-                                 "(torch's own defaults). Applied by python -m recipes.fit before torch starts.")
+                            help="CPU threads per process: 'auto' (a single-process CPU run keeps whichever "
+                                 "thread count makes steps fastest now: all cores on a quiet machine, fewer beside "
+                                 "busy work; a launcher's division of the cores, or OMP_NUM_THREADS, is kept), a "
+                                 "fixed count N (threads sleep while they wait), or 'torch' (torch's own defaults).")
         parser.add_argument("--log_model", type=bool, default=True,
                             help="Log the trained model to MLflow at the end (skip for sweeps and drills).")
         parser.add_lightning_class_args(PublishedModelCheckpoint, "checkpoint")
@@ -331,6 +332,9 @@ class AtscaleCLI(LightningCLI):
         if self.config.log_model:
             extra.append(LogModel(defer=True))  # logged by fit() once trainer.fit has returned
         user_callbacks = list(config.get("callbacks") or []) + callbacks
+        if self.config.get("cpu_threads", "auto") == "auto" and "OMP_NUM_THREADS" not in os.environ and not any(
+                isinstance(cb, AdaptiveCpuThreads) for cb in user_callbacks):
+            extra.append(AdaptiveCpuThreads())  # acts on a single-process CPU run only
         if not any(isinstance(cb, StepTiming) for cb in user_callbacks):  # a config may bring its own
             extra.append(StepTiming())
         if config.get("enable_progress_bar", True) is not False and not any(

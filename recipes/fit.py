@@ -31,7 +31,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-#: ``--cpu_threads``: ``auto`` (default), ``torch`` (OpenMP's own defaults, as before) or a count per process.
+#: ``--cpu_threads``: ``auto`` (default), ``torch`` (OpenMP's own defaults, untouched) or a count per process.
 CPU_THREADS_FLAG = "--cpu_threads"
 
 
@@ -49,18 +49,18 @@ def cpu_threads_setting(argv: Sequence[str]) -> str:
 def cpu_thread_env(setting: str, env: Mapping[str, str]) -> dict[str, str]:
     """Environment to set before torch (and its OpenMP runtime) is imported, for ``--cpu_threads setting``.
 
-    Torch's OpenMP threads spin while they wait (``OMP_WAIT_POLICY=ACTIVE``-like behaviour): beside one other
-    CPU-bound process on a 2-core machine the digits step went from ~12 ms to ~160 ms. ``auto`` and a count
-    make them sleep (``PASSIVE``), which OpenMP reads once, at start-up: hence here, before any torch import.
-    The thread *count* is left to the launcher in ``auto`` (Lightning's DDP launcher divides the cores among
-    its processes only when ``OMP_NUM_THREADS`` is unset; torchrun sets 1); an explicit count is exported as
-    ``OMP_NUM_THREADS`` so every process a launcher starts uses it. A policy or count already in the
-    environment (the user's, or a launcher's) always wins. ``torch`` changes nothing.
+    ``auto`` and ``torch`` leave OpenMP as it is: its threads spin while they wait, the fastest on a
+    quiet machine; ``auto`` then lets the CLI's ``AdaptiveCpuThreads`` drop threads while other work
+    holds cores (spinning beside one busy process took the digits step from ~6 ms to 15-160 ms). An
+    explicit count is exported as ``OMP_NUM_THREADS`` (so every process a launcher starts uses it) with
+    sleeping waits (``OMP_WAIT_POLICY=PASSIVE``: a fixed count cannot step aside, so it must not spin);
+    OpenMP reads both once, at start-up: hence here, before any torch import. A policy or count already
+    in the environment (the user's, or a launcher's) always wins.
     """
-    if setting == "torch":
+    if setting in ("auto", "torch"):
         return {}
     out = {} if "OMP_WAIT_POLICY" in env else {"OMP_WAIT_POLICY": "PASSIVE"}
-    if setting != "auto" and "OMP_NUM_THREADS" not in env:
+    if "OMP_NUM_THREADS" not in env:
         out["OMP_NUM_THREADS"] = setting  # checked by the CLI (a positive integer), which also sets torch's count
     return out
 
