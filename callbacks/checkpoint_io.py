@@ -127,6 +127,9 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         #: Saves that had to wait for the previous one, and the seconds training spent waiting.
         self.waits = 0
         self.waited_s = 0.0
+        #: Seconds each save waited for the previous one (0.0 when storage kept up); the rest of a save's
+        #: stall is staging, the copy into the buffer.
+        self.save_waits_s: list[float] = []
         #: The staging buffer: one preallocated tensor per tensor of the checkpoint, in traversal order.
         self._staging: list[torch.Tensor | None] = []
         #: Staging tensors (re)allocated so far: as many as the state has tensors, once, when shapes stay put.
@@ -218,10 +221,13 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
 
     def _wait_for_previous(self) -> None:
         """Block until the save submitted before has been written: only then may its staging buffer be reused."""
-        if self._drained is not None and not self._drained.done():
+        if self._drained is None or self._drained.done():
+            self.save_waits_s.append(0.0)
+        else:
             started = time.monotonic()
             self._drained.result()
             waited = time.monotonic() - started
+            self.save_waits_s.append(waited)
             self.waits += 1
             self.waited_s += waited
             # a wait of a few steps is the queue doing its job; a long one is worth acting on

@@ -1,4 +1,4 @@
-"""``python -m recipes.bench overhead|checkpoint`` as commands, with settings tiny enough to run in seconds.
+"""``python -m recipes.bench overhead|checkpoint|contention`` as commands, with settings tiny enough to run in seconds.
 
 No speed figure is asserted (the lead measures on a quiet machine): the commands' JSON keys, the counts that
 follow from the settings, and the tables printed from those figures.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from recipes.bench import VARIANTS, print_checkpoint, print_overhead
+from recipes.bench import VARIANTS, print_checkpoint, print_contention, print_overhead
 from tests.conftest import cli_env
 
 TINY = ["--features", "8", "--hidden", "8", "--layers", "1", "--batch-size", "4"]
@@ -40,8 +40,10 @@ def test_checkpoint_command_json_and_table(tmp_path: Path) -> None:
     figures = json.loads(result.stdout)
     assert set(figures) == {"stalls", "ratio", "floor", "state_mb", "baseline_step_ms", "settings"}
     assert set(figures["stalls"]) == {"sync", "async"}
+    assert set(figures["stalls"]["async"]) - set(figures["stalls"]["sync"]) == {"staging_s", "waited_saves"}
+    assert 0 <= figures["stalls"]["async"]["staging_s"] <= figures["stalls"]["async"]["blocked_max_s"]
     for stall in figures["stalls"].values():
-        assert set(stall) == {"checkpoints", "blocked_s", "blocked_max_s", "effective_s"}
+        assert {"checkpoints", "blocked_s", "blocked_max_s", "effective_s"} <= set(stall)
         assert stall["checkpoints"] == 2
         assert 0 <= stall["blocked_s"] <= stall["blocked_max_s"]
     assert set(figures["ratio"]) == {"blocked_ratio", "effective_ratio", "ok"}
@@ -55,7 +57,8 @@ def test_checkpoint_command_json_and_table(tmp_path: Path) -> None:
     text = _table(print_checkpoint, figures)
     assert "Checkpoint stall —" in text
     for cell in ("writer", "saves", "blocked per save", "max blocked", "effective per save",
-                 "sync (AtomicCheckpointIO)", "async (BoundedAsyncCheckpointIO)", "memory-copy floor", "async / sync:"):
+                 "sync (AtomicCheckpointIO)", "async (BoundedAsyncCheckpointIO)", "memory-copy floor", "async / sync:",
+                 "async staging (the copy"):
         assert cell in text, cell
 
 
@@ -88,3 +91,20 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
     for fragment in ("c/a = ", "(goal >= 0.95:", "c/b = ", "(goal >= 0.99:", "95% CI", "StepTiming alone:",
                      "warning: steps under 50 ms"):
         assert fragment in text, fragment
+
+
+def test_contention_command_json_and_table(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "contention", "--rounds", "1", "--steps", "30", "--warmup", "5",
+                    "--settings", "1,auto", "--json")
+    figures = json.loads(result.stdout)
+    assert figures["steps"] == 30 and figures["rounds"] == 1
+    assert list(figures["settings"]) == ["1 thread", "auto (AdaptiveCpuThreads, the default)"]
+    for row in figures["settings"].values():
+        assert len(row["all"]["quiet"]) == len(row["all"]["contended"]) == 1
+        assert row["quiet_ms"] == row["all"]["quiet"][0] > 0
+        assert row["ratio"] == row["contended_ms"] / row["quiet_ms"]
+        assert row["quiet_vs_today"] is None  # torch's default (the reference) was not among the settings
+        assert row["ok"] == (row["ratio"] <= 2.0)
+    text = _table(print_contention, figures)
+    for cell in ("quiet ms", "busy ms", "busy/quiet", "1 thread", "Goal: busy <= 2x quiet"):
+        assert cell in text, cell
