@@ -64,10 +64,12 @@ from recipes import bench_compression, chaos
 from recipes.common import ArgumentParser, HelpFormatter, UsageError
 
 PROG = "python -m recipes.bench"
-#: Goals: full recipe vs plain Lightning, full recipe vs plain PyTorch, async vs sync checkpoint stall.
+#: Goals: full recipe vs plain Lightning, full recipe vs plain PyTorch, async vs sync checkpoint stall
+#: (effective: the loop time a save adds), an async save's staging vs the memory-copy floor.
 GOAL_C_OVER_B = 0.99
 GOAL_C_OVER_A = 0.95
-GOAL_ASYNC_OVER_SYNC = 0.20
+GOAL_ASYNC_OVER_SYNC = 0.10
+GOAL_STAGING_OVER_FLOOR = 2.0
 MIN_STEP_S = 0.050
 #: The overhead benchmark's variants, in run order within each round.
 VARIANTS = {"a": "(a) plain PyTorch loop", "b": "(b) plain Lightning", "b+timing": "(b) + StepTiming only",
@@ -148,12 +150,12 @@ def checkpoint_stall(blocked_s: Sequence[float], loop_s: float, baseline_loop_s:
 
 
 def async_over_sync(sync: dict[str, float], async_: dict[str, float]) -> dict[str, Any]:
-    """Async stall as a fraction of sync, blocked and effective, against the 20% goal."""
+    """Async stall as a fraction of sync, blocked and effective; ``ok``: effective within the 10% goal."""
     out: dict[str, Any] = {}
     for key in ("blocked_s", "effective_s"):
         ratio = async_[key] / sync[key] if sync[key] > 0 else float("nan")
         out[key.replace("_s", "_ratio")] = ratio
-    out["ok"] = out["blocked_ratio"] <= GOAL_ASYNC_OVER_SYNC
+    out["ok"] = out["effective_ratio"] <= GOAL_ASYNC_OVER_SYNC
     return out
 
 
@@ -710,12 +712,14 @@ def print_checkpoint(figures: dict[str, Any], console: Console) -> None:
                       f"{f['copy_s'] * 1e3:.1f} ms ({f['bytes'] / f['copy_s'] / 1e9:.1f} GB/s), clone() "
                       f"{f['clone_s'] * 1e3:.1f} ms; async blocked stall / floor = "
                       f"{figures['stalls']['async']['blocked_s'] / f['copy_s']:.2f}x", highlight=False)
-    console.print(f"async / sync: blocked {r['blocked_ratio']:.1%} (goal <= {GOAL_ASYNC_OVER_SYNC:.0%}: "
-                  f"{'met' if r['ok'] else 'MISSED'}), effective {r['effective_ratio']:.1%}", highlight=False)
+    console.print(f"async / sync: blocked {r['blocked_ratio']:.1%}, effective {r['effective_ratio']:.1%} (goal <= "
+                  f"{GOAL_ASYNC_OVER_SYNC:.0%}: {'met' if r['ok'] else 'MISSED'})", highlight=False)
     a = figures["stalls"]["async"]
     if f:
         console.print(f"async staging (the copy, without waiting for the previous write): median "
-                      f"{a['staging_s'] * 1e3:.1f} ms = {a['staging_s'] / f['copy_s']:.2f}x the floor; "
+                      f"{a['staging_s'] * 1e3:.1f} ms = {a['staging_s'] / f['copy_s']:.2f}x the floor (goal <= "
+                      f"{GOAL_STAGING_OVER_FLOOR:g}x: "
+                      f"{'met' if a['staging_s'] <= GOAL_STAGING_OVER_FLOOR * f['copy_s'] else 'MISSED'}); "
                       f"{a['waited_saves']} of {a['checkpoints']} saves first waited for the previous one "
                       "(storage slower than the save interval)", highlight=False)
 
