@@ -55,12 +55,15 @@ class ThreadChooser:
 
     Args:
         candidates: thread counts to choose among; the largest is used first.
-        probe_every: steps at the kept count between two probes at first; doubled after each probe that
-            finds nothing better, up to ``max_probe_every``, and reset when one does.
+        probe_every: steps at the kept count between two probes at first (the very first probe comes as
+            soon as ``window`` steps are timed); doubled after each probe that finds nothing better, up to
+            ``max_probe_every``, and reset when one does.
         probe_steps: timed steps per probed count (their median is compared).
         settle_steps: steps not timed after each change of count (the first runs wake or start threads).
         window: recent steps at the kept count whose median stands for it.
-        gain: a probed count replaces the kept one only if its median is this fraction faster.
+        gain: a probed count replaces the kept one only if its median is this fraction faster: counts
+            within noise of each other (1 and 2 threads for the digits model on a quiet machine) then do not
+            swap back and forth.
         slowdown: the kept count's median rising this many times above its value when it was chosen
             (another process started) starts a probe at once.
         give_up: a probe step (settling ones included) this many times slower than the kept count's median
@@ -68,7 +71,7 @@ class ThreadChooser:
     """
 
     def __init__(self, candidates: Sequence[int], probe_every: int = 64, max_probe_every: int = 1024,
-                 probe_steps: int = 5, settle_steps: int = 2, window: int = 9, gain: float = 0.05,
+                 probe_steps: int = 8, settle_steps: int = 2, window: int = 9, gain: float = 0.10,
                  slowdown: float = 1.5, give_up: float = 3.0) -> None:
         if not candidates or min(candidates) < 1:
             raise ValueError(f"ThreadChooser(candidates={list(candidates)!r}): expected positive counts.")
@@ -123,7 +126,8 @@ class ThreadChooser:
         median = statistics.median(self._recent)
         if self._reference is None:
             self._reference = median
-        if self._since_probe >= self.probe_every or median > self.slowdown * self._reference:
+        # the first probe as soon as the window is full: at the start the other counts are unknown
+        if not self.probes or self._since_probe >= self.probe_every or median > self.slowdown * self._reference:
             return self._start_probe(median)
         return None
 

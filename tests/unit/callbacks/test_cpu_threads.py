@@ -33,9 +33,10 @@ def test_candidate_counts() -> None:
 def test_quiet_machine_keeps_all_threads_and_backs_off_its_probes() -> None:
     chooser = ThreadChooser([2, 1], probe_every=4, max_probe_every=16, probe_steps=2, settle_steps=1, window=3)
     counts = drive(chooser, {2: 0.006, 1: 0.0075}, 80)
-    # 3 steps fill the window, the 4th at 2 threads triggers the probe: 1 settle + 2 timed steps at 1 thread,
-    # then 1 settle step back at 2; the next probe comes after 8 steps (window filled included), then 16, 16...
-    assert counts[:4] == [2, 2, 2, 2] and counts[4:7] == [1, 1, 1] and counts[7] == 2
+    # 3 steps fill the window and the first probe follows at once: 1 settling + 2 timed steps at 1 thread,
+    # then 1 settling step back at 2; the next probes come after 8 timed steps, then 16, 16...
+    assert counts[:3] == [2, 2, 2] and counts[3:6] == [1, 1, 1] and counts[6] == 2
+    assert [i for i, count in enumerate(counts) if count == 1][3::3] == [15, 35, 55, 75]
     assert chooser.kept == 2 and chooser.probes == 5
     assert counts.count(1) == 5 * 3  # each probe: one settle step and two timed ones
     assert chooser.probe_every == 16
@@ -45,20 +46,20 @@ def test_quiet_machine_keeps_all_threads_and_backs_off_its_probes() -> None:
 def test_busy_machine_moves_to_one_thread_and_stays() -> None:
     chooser = ThreadChooser([2, 1], probe_every=4, max_probe_every=16, probe_steps=2, settle_steps=0, window=3)
     counts = drive(chooser, {2: 0.015, 1: 0.0077}, 60)
-    assert counts[:6] == [2, 2, 2, 2, 1, 1]
+    assert counts[:5] == [2, 2, 2, 1, 1]
     # kept at 1 from then on; 2 is probed again after 4 steps, then 8, 16, 16 (two steps each time)
     assert chooser.kept == 1
-    assert [i for i, count in enumerate(counts) if count == 2 and i >= 6] == [10, 11, 20, 21, 38, 39, 56, 57]
+    assert [i for i, count in enumerate(counts) if count == 2 and i >= 5] == [9, 10, 19, 20, 37, 38, 55, 56]
     assert chooser.last_probe == {1: 0.0077, 2: 0.015}
 
 
 def test_collapse_mid_run_starts_a_probe_at_once() -> None:
     chooser = ThreadChooser([2, 1], probe_every=1000, probe_steps=2, settle_steps=0, window=3, slowdown=1.5)
-    drive(chooser, {2: 0.006, 1: 0.0075}, 10)
-    assert chooser.kept == 2 and chooser.probes == 0
+    drive(chooser, {2: 0.006, 1: 0.0075}, 10)  # the first probe (at step 3) finds 1 thread slower
+    assert chooser.kept == 2 and chooser.probes == 1
     # another process starts: 2 threads now take 0.16 s; the window's median crosses 1.5x after 2 slow steps
     counts = drive(chooser, {2: 0.16, 1: 0.0077}, 6)
-    assert counts == [2, 2, 1, 1, 1, 1] and chooser.kept == 1 and chooser.probes == 1
+    assert counts == [2, 2, 1, 1, 1, 1] and chooser.kept == 1 and chooser.probes == 2
 
 
 def test_a_hopeless_probe_ends_after_one_step() -> None:
@@ -161,9 +162,9 @@ def test_callback_moves_a_busy_run_to_one_thread_logs_it_and_restores_the_count(
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
                       accelerator="cpu", log_every_n_steps=1000)
     trainer.fit(Spy(), train_dataloaders=DataLoader(TensorDataset(torch.ones(12, 2)), batch_size=1))
-    assert seen == [2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 2, 2]  # the last two: 2 threads probed again, and lose
-    assert threads.changes == [(6, 1)]  # decided at the end of the 6th step
-    assert [(step, row[THREADS_METRIC]) for step, row in logger.rows if THREADS_METRIC in row] == [(0, 2.0), (6, 1.0)]
+    assert seen == [2, 2, 2, 1, 1, 1, 1, 1, 1, 2, 2, 1]  # steps 10-11: 2 threads probed again, and lose
+    assert threads.changes == [(5, 1)]  # decided at the end of the 5th step
+    assert [(step, row[THREADS_METRIC]) for step, row in logger.rows if THREADS_METRIC in row] == [(0, 2.0), (5, 1.0)]
     assert torch.get_num_threads() == before
 
 
