@@ -97,8 +97,9 @@ class ThreadChooser:
         self._queue: list[int] = []  # counts still to probe
         self._probe: list[float] = []  # the current probed count's step times
         self._baseline = 0.0  # the kept count's median when the probe began
-        #: Median seconds per step of each count at its last probe (the kept count: just before it).
+        #: Median seconds per step of each count at the last completed probe (the kept count: just before it).
         self.last_probe: dict[int, float] = {}
+        self._measured: dict[int, float] = {}  # the probe under way
         #: Probes run so far.
         self.probes = 0
 
@@ -141,7 +142,7 @@ class ThreadChooser:
         self._baseline = median
         self._queue = [c for c in self.candidates if c != self.kept]
         self._probe = []
-        self.last_probe = {self.kept: median}
+        self._measured = {self.kept: median}
         return self._switch(self._queue[0])
 
     def _record_probe(self, seconds: float) -> int | None:
@@ -152,13 +153,14 @@ class ThreadChooser:
 
     def _next_probe(self) -> int | None:
         """The probed count is measured: probe the next one, or decide."""
-        self.last_probe[self._queue.pop(0)] = statistics.median(self._probe)
+        self._measured[self._queue.pop(0)] = statistics.median(self._probe)
         self._probe = []
         if self._queue:
             return self._switch(self._queue[0])
         return self._finish_probe()
 
     def _finish_probe(self) -> int | None:
+        self.last_probe = dict(self._measured)
         best = min(self.last_probe, key=lambda c: self.last_probe[c])
         if best != self.kept and self.last_probe[best] < (1 - self.gain) * self._baseline:
             self.kept = best
@@ -194,6 +196,8 @@ class AdaptiveCpuThreads(Callback):
         self._started: float | None = None
         #: ``(global_step, threads)`` each time the kept count changed.
         self.changes: list[tuple[int, int]] = []
+        #: Median seconds per step of each count at the last completed probe of the last fit.
+        self.probed: dict[int, float] = {}
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -239,6 +243,8 @@ class AdaptiveCpuThreads(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.chooser is not None:
+            self.probed = dict(self.chooser.last_probe)
         if self._initial_threads is not None:
             torch.set_num_threads(self._initial_threads)  # the process as it was found
             self._initial_threads = None

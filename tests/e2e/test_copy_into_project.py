@@ -387,6 +387,19 @@ SCRIPTS = {
         assert (log.last("noise_scale/batch_small"), log.last("noise_scale/batch_used")) == (8.0, 16.0), log.history
         assert math.isfinite(log.last("noise_scale/b_simple")) and log.last("noise_scale/grad_sq_norm") > 0
     """,
+    "cpu_threads": """
+        import torch
+        from myproj.cbs.cpu_threads import AdaptiveCpuThreads
+
+        before = torch.get_num_threads()
+        cb = AdaptiveCpuThreads(candidates=[2, 1], probe_every=2, window=2, probe_steps=2, settle_steps=0)
+        t = trainer(max_steps=16, callbacks=[cb], limit_val_batches=0)
+        t.fit(Tiny(), datamodule=TinyData())
+        # the first probe follows the 2-step window: both counts were timed, then one kept
+        assert t.global_step == 16 and set(cb.probed) == {1, 2}, cb.probed
+        assert t.logger.history["cpu/threads"][0] == (0, 2.0), t.logger.history["cpu/threads"]
+        assert cb.chooser is None and torch.get_num_threads() == before  # the process as it was found
+    """,
     "progress": """
         from myproj.cbs.progress import RunProgressBar
 

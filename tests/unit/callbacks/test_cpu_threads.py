@@ -165,7 +165,7 @@ def test_callback_moves_a_busy_run_to_one_thread_logs_it_and_restores_the_count(
     assert seen == [2, 2, 2, 1, 1, 1, 1, 1, 1, 2, 2, 1]  # steps 10-11: 2 threads probed again, and lose
     assert threads.changes == [(5, 1)]  # decided at the end of the 5th step
     assert [(step, row[THREADS_METRIC]) for step, row in logger.rows if THREADS_METRIC in row] == [(0, 2.0), (5, 1.0)]
-    assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before and set(threads.probed) == {1, 2}
 
 
 def test_callback_leaves_a_multi_process_or_gpu_run_alone(tmp_path: Any) -> None:
