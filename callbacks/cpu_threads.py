@@ -103,10 +103,6 @@ class ThreadChooser:
         #: Probes run so far.
         self.probes = 0
 
-    @property
-    def probing(self) -> bool:
-        return bool(self._queue)
-
     def record(self, seconds: float) -> int | None:
         """Take one step's time at ``current``; return the count to switch to, or ``None`` to stay."""
         if len(self.candidates) == 1:
