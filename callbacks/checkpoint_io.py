@@ -124,9 +124,6 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io)
         self._drained: Future | None = None
-        #: Saves that had to wait for the previous one, and the seconds training spent waiting.
-        self.waits = 0
-        self.waited_s = 0.0
         #: Seconds each save waited for the previous one (0.0 when storage kept up); the rest of a save's
         #: stall is staging, the copy into the buffer.
         self.save_waits_s: list[float] = []
@@ -219,6 +216,16 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         super().teardown()
         self._staging = []  # the buffer is a full copy of the state: give it back with the executor
 
+    @property
+    def waits(self) -> int:
+        """Saves that had to wait for the previous one."""
+        return sum(1 for waited in self.save_waits_s if waited > 0)
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds training spent waiting for earlier saves, in all."""
+        return sum(self.save_waits_s)
+
     def _wait_for_previous(self) -> None:
         """Block until the save submitted before has been written: only then may its staging buffer be reused."""
         if self._drained is None or self._drained.done():
@@ -228,8 +235,6 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
             self._drained.result()
             waited = time.monotonic() - started
             self.save_waits_s.append(waited)
-            self.waits += 1
-            self.waited_s += waited
             # a wait of a few steps is the queue doing its job; a long one is worth acting on
             log.log(logging.WARNING if waited >= self.warn_after_s else logging.DEBUG,
                     "The previous checkpoint was still being written/uploaded: training waited %.2f s before "

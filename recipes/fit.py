@@ -51,7 +51,7 @@ def cpu_thread_env(setting: str, env: Mapping[str, str]) -> dict[str, str]:
 
     ``auto`` and ``torch`` leave OpenMP as it is: its threads spin while they wait, the fastest on a
     quiet machine; ``auto`` then lets the CLI's ``AdaptiveCpuThreads`` drop threads while other work
-    holds cores (spinning beside one busy process took the digits step from ~6 ms to 15-160 ms). An
+    holds cores (spinning beside one busy process took the digits step from ~11 ms to ~75 ms). An
     explicit count is exported as ``OMP_NUM_THREADS`` (so every process a launcher starts uses it) with
     sleeping waits (``OMP_WAIT_POLICY=PASSIVE``: a fixed count cannot step aside, so it must not spin);
     OpenMP reads both once, at start-up: hence here, before any torch import. A policy or count already

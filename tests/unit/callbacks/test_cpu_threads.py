@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.cpu_threads import THREADS_METRIC, AdaptiveCpuThreads, ThreadChooser, candidate_counts
+from tests.conftest import RecordingLogger
 
 
 def drive(chooser: ThreadChooser, step_s: dict[int, float], steps: int) -> list[int]:
@@ -112,26 +112,6 @@ class _Tiny(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-class _Metrics(Logger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[int, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "metrics"
-
-    @property
-    def version(self) -> str:
-        return "0"
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.rows.append((step or 0, dict(metrics)))
-
-    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-
 class _ThreadClock:
     """A clock whose steps last 15 ms at 2 threads and 7.7 ms at 1 (a busy neighbour), read per hook call."""
 
@@ -148,7 +128,7 @@ class _ThreadClock:
 
 def test_callback_moves_a_busy_run_to_one_thread_logs_it_and_restores_the_count(tmp_path: Any) -> None:
     before = torch.get_num_threads()
-    logger = _Metrics()
+    logger = RecordingLogger()
     threads = AdaptiveCpuThreads(candidates=[2, 1], clock=_ThreadClock(), probe_every=4, probe_steps=2,
                                  settle_steps=0, window=3)
     seen: list[int] = []
@@ -164,7 +144,7 @@ def test_callback_moves_a_busy_run_to_one_thread_logs_it_and_restores_the_count(
     trainer.fit(Spy(), train_dataloaders=DataLoader(TensorDataset(torch.ones(12, 2)), batch_size=1))
     assert seen == [2, 2, 2, 1, 1, 1, 1, 1, 1, 2, 2, 1]  # steps 10-11: 2 threads probed again, and lose
     assert threads.changes == [(5, 1)]  # decided at the end of the 5th step
-    assert [(step, row[THREADS_METRIC]) for step, row in logger.rows if THREADS_METRIC in row] == [(0, 2.0), (5, 1.0)]
+    assert logger.values(THREADS_METRIC) == [(0, 2.0), (5, 1.0)]
     assert torch.get_num_threads() == before and set(threads.probed) == {1, 2}
 
 
