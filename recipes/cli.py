@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import logging
 import os
 import re
@@ -115,6 +116,16 @@ def apply_cpu_threads(setting: str) -> None:
     if not setting.isdigit() or int(setting) < 1:
         raise UsageError(f"--cpu_threads {setting!r}: expected 'auto', 'torch' or a positive integer.")
     torch.set_num_threads(int(setting))
+
+
+def freeze_setup_objects() -> None:
+    """Exempt every object alive before training (modules, configs, the MLflow client) from garbage collection.
+
+    They live as long as the process; without this, each full collection during ``fit`` walks them all
+    (~800k objects after the CLI's imports: a 0.4-0.5 s pause on the digits recipe, 4 % of its fit).
+    Objects made during training are still collected as usual; ``fit`` unfreezes them when it ends.
+    """
+    gc.freeze()
 
 
 def flush_async_metrics() -> None:
@@ -217,6 +228,8 @@ class AtscaleCLI(LightningCLI):
         })
         parser.add_lightning_class_args(SpotCheckpoint, "spot")
         parser.add_lightning_class_args(CostTracker, "cost")
+        # dollars move slowly: a point every 100 steps draws the curve at a tenth of the store writes
+        parser.set_defaults({"cost.log_every_n_steps": 100})
 
     # ------------------------------------------------------------ run context
     def before_instantiate_classes(self) -> None:
@@ -392,6 +405,7 @@ class AtscaleCLI(LightningCLI):
             os.environ[ENV_MLFLOW_RUN_ID] = run_id
             monitor = self._start_system_metrics(run_id)
         start = time.monotonic()
+        freeze_setup_objects()
         try:
             # checkpoints may come from a shared bucket: never unpickle code from them
             self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ctx.ckpt_path, weights_only=True)
@@ -409,6 +423,7 @@ class AtscaleCLI(LightningCLI):
                 flush_async_metrics()  # what on_fit_end logged after Lightning's finalize, too
             if monitor is not None:
                 monitor.finish()
+            gc.unfreeze()  # a later fit in this process (tests, sweeps) freezes its own setup
         duration = time.monotonic() - start
         spot = self.spot()
         interrupted = spot is not None and spot.interrupted
