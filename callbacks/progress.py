@@ -5,6 +5,10 @@ small, fast steps (the digits recipe's ~10 ms) that is per-step host work the tr
 eye can follow. This one draws at most ``max_refresh_hz`` times a second, and always on an epoch's or a
 validation's last batch, so the bar never ends short of its total.
 
+With ``leave=True`` Lightning stops its live display at each epoch's start (printing the finished bar)
+and starts a new one, with a new console and refresh thread: 0.65 s of the digits recipe's 10 s fit (20
+epochs of 0.5 s). This one prints the finished epoch's bars above the running display and keeps it.
+
 Lightning labels the bar ``Epoch {current}/{max_epochs - 1}``, which reads ``Epoch 0/-2`` when a run is
 bounded by ``max_steps`` (``max_epochs=-1``). This one shows ``Epoch 0`` then, and ``Epoch 3/19`` as before
 otherwise.
@@ -59,6 +63,19 @@ class RunProgressBar(RichProgressBar):
         # a disabled bar (every rank but 0) never learns the current dataloader, whose total it cannot read
         if not self.is_disabled and self._due(batch_idx, self.total_val_batches_current_dataloader):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        progress = self.progress
+        if not (self._leave and progress is not None and self.train_progress_bar_id is not None):
+            super().on_train_epoch_start(trainer, pl_module)
+            return
+        progress.console.print(progress.make_tasks_table(progress.tasks))  # what stopping the display printed
+        self._leave = False  # Lightning then resets the epoch's task in the running display
+        try:
+            super().on_train_epoch_start(trainer, pl_module)
+        finally:
+            self._leave = True
 
     @override
     def _get_train_description(self, current_epoch: int) -> str:

@@ -75,3 +75,29 @@ def test_a_disabled_bar_as_on_every_rank_but_0_draws_nothing_and_does_not_fail(t
                       num_sanity_val_steps=2, default_root_dir=tmp_path, accelerator="cpu")
     trainer.fit(_Tiny(), train_dataloaders=_loader(4), val_dataloaders=_loader(3))
     assert bar.progress is None and trainer.global_step == 4
+
+
+def test_leave_keeps_each_finished_epoch_without_restarting_the_display(tmp_path: Any) -> None:
+    import io
+    import re
+
+    out = io.StringIO()
+    bar = RunProgressBar(leave=True, console_kwargs={"file": out, "force_terminal": True, "width": 120,
+                                                      "color_system": None})
+    started: list[object] = []
+    start = progress.RichProgressBar._init_progress
+
+    def spy_init(self: Any, trainer: Any) -> None:
+        start(self, trainer)
+        started.append(self.progress)
+
+    trainer = Trainer(max_epochs=3, callbacks=[bar], logger=False, enable_checkpointing=False,
+                      num_sanity_val_steps=0, default_root_dir=tmp_path, accelerator="cpu")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(progress.RichProgressBar, "_init_progress", spy_init)
+        trainer.fit(_Tiny(), train_dataloaders=_loader(4), val_dataloaders=_loader(2))
+    assert len({id(p) for p in started}) == 1  # one live display for the whole fit
+    # what stays on the terminal: each line's last redraw (after its last carriage return), codes removed
+    shown = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line.split("\r")[-1]) for line in out.getvalue().split("\n")]
+    assert [line.split()[1] for line in shown if line.startswith("Epoch")] == ["0/2", "1/2", "2/2"]
+    assert all(" 4/4 " in line for line in shown if line.startswith("Epoch"))  # each epoch's finished bar
