@@ -35,24 +35,27 @@ def _table(printer, figures: dict) -> str:
 
 def test_checkpoint_command_json_and_table(tmp_path: Path) -> None:
     # 7 steps, 2 warm-up, a save every 2: saves at steps 2, 4, 6, of which 4 and 6 fall in the measured window
-    result = _bench(tmp_path, "checkpoint", "--steps", "7", "--warmup", "2", "--every", "2", "--rounds", "1",
-                    *TINY, "--json", "--out", str(tmp_path / "out"))
+    result = _bench(tmp_path, "checkpoint", "--steps", "7", "--warmup", "2", "--every", "2", "--rounds", "2",
+                    "--max-rounds", "2", *TINY, "--json", "--out", str(tmp_path / "out"))
     figures = json.loads(result.stdout)
-    assert set(figures) == {"stalls", "ratio", "floor", "state_mb", "baseline_step_ms", "settings"}
+    assert set(figures) == {"stalls", "ratio", "floor", "state_mb", "baseline_step_ms", "settings", "rounds_run",
+                            "load_average"}
+    assert figures["rounds_run"] == 2
     assert set(figures["stalls"]) == {"sync", "async"}
     assert set(figures["stalls"]["async"]) - set(figures["stalls"]["sync"]) == {"staging_s", "waited_saves"}
     assert 0 <= figures["stalls"]["async"]["staging_s"] <= figures["stalls"]["async"]["blocked_max_s"]
     for stall in figures["stalls"].values():
         assert {"checkpoints", "blocked_s", "blocked_max_s", "effective_s"} <= set(stall)
-        assert stall["checkpoints"] == 2
+        assert stall["checkpoints"] == 4  # 2 per round
         assert 0 <= stall["blocked_s"] <= stall["blocked_max_s"]
-    assert set(figures["ratio"]) == {"blocked_ratio", "effective_ratio", "ok"}
+    assert set(figures["ratio"]) == {"blocked_ratio", "effective_ratio", "ok", "verdict", "effective_ci95"}
+    assert figures["ratio"]["verdict"] in {"met", "missed", "inconclusive"}
     assert set(figures["floor"]) == {"copy_s", "clone_s", "bytes", "pinned"}
     assert figures["floor"]["pinned"] == 0.0  # CPU tensors: no pinned host buffer
     assert figures["floor"]["bytes"] == (8 * 8 + 8 + 8 * 10 + 10) * 4  # Linear(8, 8) + Linear(8, 10), fp32
-    assert figures["settings"] == {"steps": 7, "warmup": 2, "every": 2, "rounds": 1, "batch_size": 4, "hidden": 8,
-                                   "layers": 1, "features": 8, "threads": 1}
-    assert "round 1/1 (none)" in result.stderr and "round 1/1 (async)" in result.stderr  # progress off stdout
+    assert figures["settings"] == {"steps": 7, "warmup": 2, "every": 2, "rounds": 2, "max_rounds": 2, "batch_size": 4,
+                                   "hidden": 8, "layers": 1, "features": 8, "threads": 1}
+    assert "round 2 (none)" in result.stderr and "round 2 (async)" in result.stderr  # progress off stdout
 
     text = _table(print_checkpoint, figures)
     assert "Checkpoint stall —" in text

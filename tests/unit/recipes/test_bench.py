@@ -143,6 +143,24 @@ def test_bootstrap_ratio_ci_by_hand() -> None:
         bootstrap_ratio_ci([1.0, 0.0], [1.0, 1.0])
 
 
+def test_effective_stall_ci_by_hand() -> None:
+    from recipes.bench import effective_stall_ci
+
+    # per save: sync (6.0 - 5.1) / 3 = 0.3 and (7.2 - 5.0) / 2 = 1.1; async (5.4 - 5.1) / 3 = 0.1 and 5.0 - 5.0 = 0
+    ratio, low, high = effective_stall_ci([5.1, 5.0], [6.0, 7.2], [5.4, 5.0], [3, 2], resamples=10, seed=1)
+    assert ratio == pytest.approx(0.1 / 1.4)
+    # seed 1 draws the index pairs 00 10 11 11 00 10 11 01 10 01 (see above): round 0 alone 1/3, round 1 alone 0
+    assert (low, high) == (pytest.approx(0.0), pytest.approx(1 / 3))
+    # an async round faster than the one without saves stays in (noise): a negative stall
+    assert effective_stall_ci([5.0, 5.0], [6.0, 6.0], [4.9, 5.1], [1, 1], resamples=10)[0] == pytest.approx(0.0)
+    # saves too small to slow the loop: nothing to compare
+    assert all(math.isnan(v) for v in effective_stall_ci([5.0], [4.9], [5.0], [1]))
+    with pytest.raises(ValueError, match="equal, non-empty"):
+        effective_stall_ci([5.0], [6.0, 6.0], [5.0], [1])
+    with pytest.raises(ValueError, match="needs a save"):
+        effective_stall_ci([5.0], [6.0], [5.0], [0])
+
+
 def test_verdict_and_settling() -> None:
     from recipes.bench import ci_settled, verdict
 
