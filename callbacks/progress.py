@@ -22,6 +22,7 @@ Copy with it: nothing; this file works alone.
 
 from __future__ import annotations
 
+import math
 from time import monotonic
 from typing import Any
 
@@ -34,12 +35,21 @@ DEFAULT_MAX_REFRESH_HZ = 10.0
 
 
 class RunProgressBar(RichProgressBar):
-    """``RichProgressBar`` drawn at most ``max_refresh_hz`` times a second, without a negative epoch total."""
+    """``RichProgressBar`` drawn at most ``max_refresh_hz`` times a second, without a negative epoch total.
 
-    def __init__(self, *args: Any, max_refresh_hz: float = DEFAULT_MAX_REFRESH_HZ, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    Args:
+        refresh_rate: how often a second Lightning's refresh thread looks for something to draw (``0``:
+            no display); by default ``max_refresh_hz`` rounded up. Lightning's own default, 100, wakes the
+            thread 100 times a second to look for at most ``max_refresh_hz`` draws, and every wake-up
+            takes the GIL from the training step for a moment.
+        max_refresh_hz: redraws a second at most.
+    """
+
+    def __init__(self, refresh_rate: int | None = None, *args: Any,
+                 max_refresh_hz: float = DEFAULT_MAX_REFRESH_HZ, **kwargs: Any) -> None:
         if not max_refresh_hz > 0:
             raise ValueError(f"RunProgressBar(max_refresh_hz={max_refresh_hz!r}): expected a positive number.")
+        super().__init__(math.ceil(max_refresh_hz) if refresh_rate is None else refresh_rate, *args, **kwargs)
         self._min_interval_s = 1.0 / max_refresh_hz
         self._last_drawn: float | None = None
 

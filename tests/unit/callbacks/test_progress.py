@@ -101,3 +101,26 @@ def test_leave_keeps_each_finished_epoch_without_restarting_the_display(tmp_path
     shown = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line.split("\r")[-1]) for line in out.getvalue().split("\n")]
     assert [line.split()[1] for line in shown if line.startswith("Epoch")] == ["0/2", "1/2", "2/2"]
     assert all(" 4/4 " in line for line in shown if line.startswith("Epoch"))  # each epoch's finished bar
+
+
+@pytest.mark.parametrize(("max_refresh_hz", "polls_per_s"), [(10.0, 10), (2.5, 3), (0.1, 1)])
+def test_the_refresh_thread_wakes_no_more_often_than_the_bar_draws(tmp_path: Any, max_refresh_hz: float,
+                                                                   polls_per_s: int) -> None:
+    # Lightning's refresh thread sleeps 1 / refresh_rate between looks (refresh_rate 100 by default): 100 wake-ups
+    # a second, each taking the GIL from the training step, to find at most max_refresh_hz draws
+    polls: list[float] = []
+    start = progress.RichProgressBar._init_progress
+
+    def spy_init(self: Any, trainer: Any) -> None:
+        start(self, trainer)
+        assert self.progress is not None
+        polls.append(self.progress.live._refresh_thread.refresh_per_second)
+
+    bar = RunProgressBar(max_refresh_hz=max_refresh_hz)
+    trainer = Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False,
+                      num_sanity_val_steps=0, default_root_dir=tmp_path, accelerator="cpu")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(progress.RichProgressBar, "_init_progress", spy_init)
+        trainer.fit(_Tiny(), train_dataloaders=_loader(4), val_dataloaders=_loader(2))
+    assert polls and set(polls) == {polls_per_s}
+    assert bar.refresh_rate == polls_per_s and bar.is_enabled
