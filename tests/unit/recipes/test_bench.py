@@ -161,6 +161,16 @@ def test_effective_stall_ci_by_hand() -> None:
         effective_stall_ci([5.0], [6.0], [5.0], [0])
 
 
+def test_verdict_for_a_figure_that_must_stay_at_or_below_its_goal() -> None:
+    from recipes.bench import verdict_at_most
+
+    assert verdict_at_most(0.00, 0.08, goal=0.10) == "met"  # the whole interval below, however wide
+    assert verdict_at_most(0.05, 0.10, goal=0.10) == "met"  # on the goal counts as met
+    assert verdict_at_most(0.11, 0.26, goal=0.10) == "missed"
+    assert verdict_at_most(0.06, 0.14, goal=0.10) == "inconclusive"
+    assert verdict_at_most(math.nan, math.nan, goal=0.10) == "inconclusive"
+
+
 def test_verdict_and_settling() -> None:
     from recipes.bench import ci_settled, verdict
 
