@@ -165,6 +165,59 @@ def async_over_sync(sync: dict[str, float], async_: dict[str, float]) -> dict[st
     return out
 
 
+def bootstrap_ci(rounds: int, statistic: Callable[[list[int]], float], level: float = 0.95,
+                 resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``statistic`` over interleaved rounds.
+
+    ``statistic(picks)`` computes the figure from the rounds at indices ``picks`` (a resample of
+    ``range(rounds)`` with replacement; an index may repeat), so paired measurements of one round stay
+    together. Hand-written: scipy's ``bootstrap`` resamples one array, not round indices shared by several.
+
+    Returns:
+        ``(low, high)``.
+    """
+    rng = random.Random(seed)
+    values = sorted(statistic([rng.randrange(rounds) for _ in range(rounds)]) for _ in range(resamples))
+    tail = (1 - level) / 2
+    return (values[min(resamples - 1, math.floor(tail * resamples))],
+            values[max(0, math.ceil((1 - tail) * resamples) - 1)])
+
+
+def effective_stall_ci(none_s: Sequence[float], sync_s: Sequence[float], async_s: Sequence[float],
+                       saves: Sequence[int], level: float = 0.95, resamples: int = 2000,
+                       seed: int = 0) -> tuple[float, float, float]:
+    """The async effective stall as a fraction of the sync one, and its bootstrap interval over rounds.
+
+    Round ``i`` timed the same steps without saves (``none_s[i]``), with synchronous and with
+    asynchronous saves, ``saves[i]`` of them; a writer's effective stall per save in that round is
+    ``(its loop - none_s[i]) / saves[i]``. The ratio is of the sums over rounds; an async round may come
+    out faster than the one without saves (noise), which the interval keeps.
+
+    Returns:
+        ``(ratio, low, high)``; all NaN when the synchronous saves did not slow the loop down at all
+        (a state too small to measure): nothing to compare.
+
+    Raises:
+        ValueError: on unequal or empty rounds, or a round without saves.
+    """
+    n = len(none_s)
+    if not n or not len(sync_s) == len(async_s) == len(saves) == n:
+        raise ValueError(f"effective_stall_ci: need equal, non-empty rounds (got {n}, {len(sync_s)}, "
+                         f"{len(async_s)}, {len(saves)}).")
+    if min(saves) < 1:
+        raise ValueError(f"effective_stall_ci: every round needs a save (got {list(saves)}).")
+
+    def ratio(picks: Sequence[int]) -> float:
+        sync = sum((sync_s[i] - none_s[i]) / saves[i] for i in picks)
+        return sum((async_s[i] - none_s[i]) / saves[i] for i in picks) / sync if sync > 0 else math.inf
+
+    whole = ratio(range(n))
+    if not math.isfinite(whole):
+        return math.nan, math.nan, math.nan
+    low, high = bootstrap_ci(n, ratio, level, resamples, seed)
+    return whole, low, high
+
+
 def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float], level: float = 0.95,
                        resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """Ratio of means of paired rounds and its percentile bootstrap confidence interval.
@@ -696,10 +749,9 @@ def bench_checkpoint(args: argparse.Namespace, console: Console) -> dict[str, An
     stalls = {}
     for mode in ("sync", "async"):
         blocked = [b for r in runs[mode] for b in r["blocked"]]
-        # per save, paired round by round with the loop without saves (the figure the CI is of)
-        effective = [(r["loop_s"] - none["loop_s"]) / len(r["blocked"])
-                     for r, none in zip(runs[mode], runs["none"], strict=True)]
-        stalls[mode] = {**checkpoint_stall(blocked, 0.0, 0.0), "effective_s": statistics.mean(effective)}
+        # every round's loop against the same round's loop without saves (as the CI pairs them)
+        stalls[mode] = checkpoint_stall(blocked, sum(r["loop_s"] for r in runs[mode]),
+                                        sum(r["loop_s"] for r in runs["none"]))
     floor = copy_floor_s(args)
     staging = [s for r in runs["async"] for s in r["staging"]]
     stalls["async"]["staging_s"] = statistics.median(staging) if staging else float("nan")
@@ -752,59 +804,6 @@ def print_checkpoint(figures: dict[str, Any], console: Console) -> None:
 
 # ------------------------------------------------------------- default recipe's fit
 DIGITS_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.yaml"
-def bootstrap_ci(rounds: int, statistic: Callable[[list[int]], float], level: float = 0.95,
-                 resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``statistic`` over interleaved rounds.
-
-    ``statistic(picks)`` computes the figure from the rounds at indices ``picks`` (a resample of
-    ``range(rounds)`` with replacement; an index may repeat), so paired measurements of one round stay
-    together. Hand-written: scipy's ``bootstrap`` resamples one array, not round indices shared by several.
-
-    Returns:
-        ``(low, high)``.
-    """
-    rng = random.Random(seed)
-    values = sorted(statistic([rng.randrange(rounds) for _ in range(rounds)]) for _ in range(resamples))
-    tail = (1 - level) / 2
-    return (values[min(resamples - 1, math.floor(tail * resamples))],
-            values[max(0, math.ceil((1 - tail) * resamples) - 1)])
-
-
-def effective_stall_ci(none_s: Sequence[float], sync_s: Sequence[float], async_s: Sequence[float],
-                       saves: Sequence[int], level: float = 0.95, resamples: int = 2000,
-                       seed: int = 0) -> tuple[float, float, float]:
-    """The async effective stall as a fraction of the sync one, and its bootstrap interval over rounds.
-
-    Round ``i`` timed the same steps without saves (``none_s[i]``), with synchronous and with
-    asynchronous saves, ``saves[i]`` of them; a writer's effective stall per save in that round is
-    ``(its loop - none_s[i]) / saves[i]``. The ratio is of the sums over rounds; an async round may come
-    out faster than the one without saves (noise), which the interval keeps.
-
-    Returns:
-        ``(ratio, low, high)``; all NaN when the synchronous saves did not slow the loop down at all
-        (a state too small to measure): nothing to compare.
-
-    Raises:
-        ValueError: on unequal or empty rounds, or a round without saves.
-    """
-    n = len(none_s)
-    if not n or not len(sync_s) == len(async_s) == len(saves) == n:
-        raise ValueError(f"effective_stall_ci: need equal, non-empty rounds (got {n}, {len(sync_s)}, "
-                         f"{len(async_s)}, {len(saves)}).")
-    if min(saves) < 1:
-        raise ValueError(f"effective_stall_ci: every round needs a save (got {list(saves)}).")
-
-    def ratio(picks: Sequence[int]) -> float:
-        sync = sum((sync_s[i] - none_s[i]) / saves[i] for i in picks)
-        return sum((async_s[i] - none_s[i]) / saves[i] for i in picks) / sync if sync > 0 else math.inf
-
-    whole = ratio(range(n))
-    if not math.isfinite(whole):
-        return math.nan, math.nan, math.nan
-    low, high = bootstrap_ci(n, ratio, level, resamples, seed)
-    return whole, low, high
-
-
 #: Goal: the default digits recipe's ``trainer.fit`` at most this many times plain Lightning's (issue 16).
 GOAL_FIT_RATIO = 1.15
 #: Width of the fit ratio's 95 % CI below which more rounds stop.
