@@ -8,6 +8,12 @@ import pytest
 
 from recipes.cli import parse_error_message, refused_changes, resumable_change
 
+
+def torch_cuda_compiled() -> bool:
+    import torch
+
+    return torch.cuda._is_compiled()
+
 MAX_EPOCHS = ('Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n  Subtypes: '
               "[<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n    - Expected a "
               "<class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: many")
@@ -126,3 +132,43 @@ def test_summary_of_a_finished_run_without_mlflow(capsys: pytest.CaptureFixture[
     assert _title(lines) == "atscale run — finished"
     assert [row[0] for row in _cells(lines)] == ["train/loss", "val/acc", "spot/lost_steps", "duration",
                                                      "run dir"]
+
+
+def test_cheap_gpu_checks_drop_the_nvml_check_only_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import torch
+
+    from recipes.cli import NVML_CHECK_ENV, cheap_gpu_checks
+
+    monkeypatch.setenv(NVML_CHECK_ENV, "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with cheap_gpu_checks():
+        assert NVML_CHECK_ENV not in os.environ
+    assert os.environ[NVML_CHECK_ENV] == "1"  # restored
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with cheap_gpu_checks():
+        assert os.environ[NVML_CHECK_ENV] == "1"  # a GPU: Lightning's fork-safe check stays
+
+
+@pytest.mark.skipif(not torch_cuda_compiled(), reason="a CPU-only build of torch never asks NVML")
+def test_without_the_nvml_check_a_step_no_longer_asks_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from recipes.cli import NVML_CHECK_ENV, cheap_gpu_checks
+
+    if torch.cuda.device_count() > 0:
+        pytest.skip("a GPU is present: the check is kept")
+    calls = []
+    real = torch.cuda._device_count_nvml
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: calls.append(1) or real())
+    monkeypatch.setenv(NVML_CHECK_ENV, "1")
+    for _ in range(3):  # what every optimizer.step() asks
+        torch.accelerator.current_accelerator(check_available=True)
+    asked_with = len(calls)
+    with cheap_gpu_checks():  # it asks once itself, on entry
+        before = len(calls)
+        for _ in range(3):
+            torch.accelerator.current_accelerator(check_available=True)
+        asked_without = len(calls) - before
+    assert (asked_with, asked_without) == (3, 0)
