@@ -24,9 +24,11 @@ Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -241,21 +243,31 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
                     "the next save (%d such waits, %.1f s in all). Save less often or to faster storage.",
                     waited, self.waits, self.waited_s)
 
+    def after_saves(self, task: Callable[[], Any], description: str) -> None:
+        """Run ``task`` in the writer thread once the saves submitted before it are written; skip it if one failed.
+
+        For what a save replaces (the old best checkpoint, saves beyond the ones to keep): it goes only once its
+        successor is on disk (and uploaded), never when the successor failed, and never on the training thread.
+        ``description`` names the task in the log ("remove checkpoint x").
+        """
+        self._ensure_setup()
+        assert self._executor is not None
+
+        def run() -> None:
+            if self._error is not None:  # a save before it failed (a full disk): what it would replace must stay
+                log.warning("Did not %s: the save before it failed (%s).", description, self._error)
+                return
+            try:
+                task()
+            except Exception as err:
+                log.error("Could not %s: %s", description, err)
+
+        self._executor.submit(run)
+
     @override
     def remove_checkpoint(self, path: _PATH) -> None:
         """Remove in the writer thread, after the saves submitted before: the replaced best checkpoint goes
         only once its successor is written (and uploaded)."""
-        self._ensure_setup()
-        assert self._executor is not None and self.checkpoint_io is not None
         inner = self.checkpoint_io
-
-        def remove() -> None:
-            if self._error is not None:  # a save before it failed (a full disk): its predecessor must stay
-                log.warning("Kept checkpoint %s: the save meant to replace it failed (%s).", path, self._error)
-                return
-            try:
-                inner.remove_checkpoint(path)
-            except Exception as err:
-                log.error("Could not remove checkpoint %s: %s", path, err)
-
-        self._executor.submit(remove)
+        assert inner is not None
+        self.after_saves(functools.partial(inner.remove_checkpoint, path), f"remove checkpoint {path}")

@@ -36,6 +36,7 @@ Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -52,7 +53,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from .checkpoint_io import RUN_METADATA_KEY, mirror_of
+from .checkpoint_io import RUN_METADATA_KEY, BoundedAsyncCheckpointIO, mirror_of
 from .storage import ckpt_store
 from .utils import notices
 from .utils.collectives import all_ranks, any_rank
@@ -60,6 +61,8 @@ from .utils.rng import rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
+
+    from .storage.remote_store import RemoteCheckpoints
 
 log = logging.getLogger(__name__)
 
@@ -254,14 +257,22 @@ class SpotCheckpoint(Callback):
             if mirror is not None:
                 mirror.try_publish(path)
         trainer.strategy.barrier("SpotCheckpoint.save")
-        if trainer.is_global_zero:  # a save still in flight is not counted: `keep` good ones remain
-            ckpt_store.prune(directory, CHECKPOINT_PATTERN, self.keep)
-            if mirror is not None:
-                mirror.try_prune(CHECKPOINT_PATTERN, self.keep)
+        if trainer.is_global_zero:
+            prune = functools.partial(self._prune, directory, mirror)
+            if isinstance(io, BoundedAsyncCheckpointIO) and not wait:
+                io.after_saves(prune, f"prune {directory}")  # once this save is published, off the training thread
+            else:  # a save still in flight is not counted: `keep` good ones remain
+                prune()
         self._last_save_time = time.monotonic()
         if not self._interval_checked and self.interruption_rate > 0:
             self._choose_interval(trainer, save_cost_s=self._last_save_time - started)
         return path
+
+    def _prune(self, directory: Path, mirror: RemoteCheckpoints | None) -> None:
+        """Keep the ``keep`` newest good checkpoints here and in the mirror."""
+        ckpt_store.prune(directory, CHECKPOINT_PATTERN, self.keep)
+        if mirror is not None:
+            mirror.try_prune(CHECKPOINT_PATTERN, self.keep)
 
     def _choose_interval(self, trainer: Trainer, save_cost_s: float) -> None:
         """Daly's interval from the first measured save (the stall training pays) and the job's MTBF."""
@@ -472,7 +483,4 @@ class SpotCheckpoint(Callback):
         if isinstance(io, AsyncCheckpointIO):
             io.teardown()
         if trainer.is_global_zero:
-            ckpt_store.prune(self._dir(trainer), CHECKPOINT_PATTERN, self.keep)
-            mirror = mirror_of(io)
-            if mirror is not None:
-                mirror.try_prune(CHECKPOINT_PATTERN, self.keep)
+            self._prune(self._dir(trainer), mirror_of(io))

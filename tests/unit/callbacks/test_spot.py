@@ -502,3 +502,42 @@ def test_auto_interval_in_a_real_trainer_comes_from_the_measured_save(tmp_path: 
     assert [r.getMessage() for r in caplog.records if r.name == "callbacks.spot"] == [
         "SpotCheckpoint(every_minutes='auto'): saving every 116.7 min (Daly's optimum for a 300.00 s save and a "
         "24.0 h MTBF)."]
+
+
+def test_pruning_runs_on_the_writer_after_the_new_save_is_published(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """With asynchronous saves, pruning is no work for the training thread, and it never counts on a save that
+    is still being written: after each prune exactly ``keep`` good checkpoints remain, the newest among them."""
+    from callbacks.checkpoint_io import BoundedAsyncCheckpointIO
+
+    written: list[str] = []
+    pruned: list[tuple[str, str, list[str]]] = []  # (thread, newest written so far, good checkpoints left)
+
+    class RecordingIO(AtomicCheckpointIO):
+        def save_checkpoint(self, checkpoint: dict, path: object, storage_options: object = None) -> None:
+            super().save_checkpoint(checkpoint, path, storage_options)
+            written.append(Path(path).name)
+
+    real_prune = ckpt_store.prune
+
+    def prune(directory: Path, pattern: str, keep: int) -> list[Path]:
+        removed = real_prune(directory, pattern, keep)
+        good = [p.name for p in ckpt_store.candidates(Path(directory), pattern)]
+        pruned.append((threading.current_thread().name, written[-1], good))
+        return removed
+
+    monkeypatch.setattr(ckpt_store, "prune", prune)
+    spot = SpotCheckpoint(every_n_steps=5, keep=1, save_on_train_epoch_end=False, dirpath=str(tmp_path / "ck"),
+                          signals=[])
+    trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=1, callbacks=[spot],
+                         plugins=[BoundedAsyncCheckpointIO(RecordingIO())], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1,
+                         limit_val_batches=0)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(40, 2)), batch_size=2)
+    trainer.fit(_TinyRegression(), train_dataloaders=data)
+
+    assert written == [f"step={s:08d}.ckpt" for s in (5, 10, 15, 20)]
+    *during, (teardown_thread, _, _) = pruned
+    assert len(during) == 4 and all(thread != "MainThread" for thread, _, _ in during)
+    assert [(newest, good) for _, newest, good in during] == [(name, [name]) for name in written]
+    assert teardown_thread == "MainThread"  # once more when training is over, after the writer has drained
