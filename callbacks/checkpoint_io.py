@@ -218,6 +218,13 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         super().teardown()
         self._staging = []  # the buffer is a full copy of the state: give it back with the executor
 
+    def drain(self) -> None:
+        """Block until every save submitted so far is written (the staging buffer stays for the next save)."""
+        if self._drained is not None:
+            self._drained.result()
+        if self._error:
+            raise self._error
+
     @property
     def waits(self) -> int:
         """Saves that had to wait for the previous one."""

@@ -28,7 +28,9 @@ around it: (loop time with checkpoints - loop time without) / checkpoints, paire
 rounds are added until the bootstrap CI of async / sync lies wholly on one side of the goal or is
 narrower than 5 points ("inconclusive" if neither by ``--max-rounds``). Goals: async
 effective <= 10% of sync; an async save's staging (its blocked stall less any wait for the previous
-write) <= 2x the memory-copy floor measured in the same run. Both commands print a table and
+write) <= 2x the memory-copy floor measured in the same run. Each run saves once after its first step,
+before the window (the async writer allocates its staging buffer then, once, as a long run does), and
+that first save is reported apart; the writers' order alternates from round to round. Both commands print a table and
 ``--json`` prints the figures; on CPU the benchmarks run with one torch thread (``--threads``) so
 repeated runs are comparable.
 """
@@ -70,7 +72,9 @@ from recipes.common import ArgumentParser, HelpFormatter, UsageError
 PROG = "python -m recipes.bench"
 #: Goals: full recipe vs plain Lightning, full recipe vs plain PyTorch, async vs sync checkpoint stall
 #: (effective: the loop time a save adds), an async save's staging vs the memory-copy floor.
-GOAL_C_OVER_B = 0.99
+GOAL_C_OVER_B = 0.98
+#: ... and the 95 % CI of c/b must lie above this (the issue's "c/b >= 0.98 with its CI above 0.97").
+C_OVER_B_CI_FLOOR = 0.97
 GOAL_C_OVER_A = 0.95
 GOAL_ASYNC_OVER_SYNC = 0.10
 GOAL_STAGING_OVER_FLOOR = 2.0
@@ -264,6 +268,16 @@ def verdict(low: float, high: float, goal: float, margin: float) -> str:
     return "inconclusive"
 
 
+def verdict_with_floor(ratio: float, low: float, high: float, goal: float, floor: float) -> str:
+    """For a ratio that must reach ``goal`` with its whole interval above ``floor``: ``met`` when both hold,
+    ``missed`` when the whole interval lies below ``goal``, else ``inconclusive``."""
+    if high < goal:
+        return "missed"
+    if ratio >= goal and low >= floor:
+        return "met"
+    return "inconclusive"
+
+
 def verdict_at_most(low: float, high: float, goal: float) -> str:
     """For a figure that must stay at or below ``goal``: ``met`` when the whole interval does, ``missed``
     when it lies wholly above, else ``inconclusive`` (NaN bounds, from nothing to compare, are inconclusive)."""
@@ -382,6 +396,32 @@ class Stopwatch(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self.ends.append(time.perf_counter())
+
+
+class FirstSave(Callback):
+    """One save after the first step, written before the second: what a long run pays once, not at every save.
+
+    The first save through :class:`BoundedAsyncCheckpointIO` allocates its staging buffer (and the first
+    synchronous one creates the directory's first file); in a run of hundreds of saves that happens once, so
+    the benchmark makes it here, before its timed window, and reports it apart (``seconds``).
+    """
+
+    def __init__(self, dirpath: Path) -> None:
+        self.dirpath = dirpath
+        #: How long the first save held the loop (the wait for its write excluded).
+        self.seconds: float | None = None
+
+    @override
+    def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_step != 1:
+            return
+        started = time.perf_counter()
+        trainer.save_checkpoint(self.dirpath / "first.ckpt")
+        self.seconds = time.perf_counter() - started
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, BoundedAsyncCheckpointIO):
+            io.drain()  # written before the timed window opens
 
 
 # --------------------------------------------------------------------- overhead runs
@@ -548,14 +588,14 @@ def bench_overhead(args: argparse.Namespace, console: Console) -> dict[str, Any]
             if index + 1 >= max(2, args.rounds):
                 ci = {"c/b": bootstrap_ratio_ci(results["c"], results["b"]),
                       "c/a": bootstrap_ratio_ci(results["c"], results["a"])}
-                if ci_settled(*ci["c/b"][1:], 1 - GOAL_C_OVER_B) and ci_settled(*ci["c/a"][1:], 1 - GOAL_C_OVER_A):
+                if (verdict_with_floor(*ci["c/b"], GOAL_C_OVER_B, C_OVER_B_CI_FLOOR) != "inconclusive"
+                        and ci_settled(*ci["c/a"][1:], 1 - GOAL_C_OVER_A)):
                     break
         cost_us = step_timing_cost_us(root)
     best = {key: max(values) for key, values in results.items()}
     median = {key: statistics.median(values) for key, values in results.items()}
-    goals = {"c/b": GOAL_C_OVER_B, "c/a": GOAL_C_OVER_A}
-    verdicts = {name: verdict(ci[name][1], ci[name][2], goal, 1 - goal) if name in ci else "inconclusive"
-                for name, goal in goals.items()}
+    verdicts = {"c/b": verdict_with_floor(*ci["c/b"], GOAL_C_OVER_B, C_OVER_B_CI_FLOOR) if ci else "inconclusive",
+                "c/a": verdict(*ci["c/a"][1:], GOAL_C_OVER_A, 1 - GOAL_C_OVER_A) if ci else "inconclusive"}
     return {"throughput": best, "median": median, "all": results, "rounds_run": len(results["c"]),
             "step_ms": {k: samples / v * 1e3 for k, v in best.items()},
             "ratios": overhead_ratios(best["a"], best["b"], best["c"]),
@@ -627,12 +667,13 @@ def print_overhead(figures: dict[str, Any], console: Console) -> None:
                       ", ".join(f"{v:,.0f}" for v in figures["all"][key]))
     console.print(table)
     r, m = figures["ratios"], figures["median_ratios"]
-    console.print(f"c/a = {r['c/a']:.4f} (goal >= {GOAL_C_OVER_A}: {'met' if r['c/a_ok'] else 'MISSED'})   "
-                  f"c/b = {r['c/b']:.4f} (goal >= {GOAL_C_OVER_B}: {'met' if r['c/b_ok'] else 'MISSED'})   "
+    console.print(f"best rounds: c/a = {r['c/a']:.4f}, c/b = {r['c/b']:.4f}   "
                   f"[medians: c/a {m['c/a']:.4f}, c/b {m['c/b']:.4f}]", highlight=False)
+    goals = {"c/b": f"goal >= {GOAL_C_OVER_B} with the CI above {C_OVER_B_CI_FLOOR}", "c/a": f"goal >= {GOAL_C_OVER_A}"}
     for name, c in figures.get("ci95", {}).items():
         console.print(f"{name} (ratio of mean throughputs over {figures['rounds_run']} rounds) = {c['ratio']:.4f}, "
-                      f"95% CI {c['low']:.4f} .. {c['high']:.4f}: {figures['verdict'][name]}", highlight=False)
+                      f"95% CI {c['low']:.4f} .. {c['high']:.4f} ({goals[name]}): {figures['verdict'][name]}",
+                      highlight=False)
     step_us = figures["step_ms"]["b"] * 1e3
     console.print(f"StepTiming alone: {figures['timing_cost']:+.2%} of plain Lightning's step time here; "
                   f"measured on a trivial model it costs {figures['timing_cost_us']:.0f} us per step = "
@@ -656,7 +697,10 @@ def run_checkpointing(args: argparse.Namespace, root: Path, mode: str) -> dict[s
     callbacks: list[Callback] = [timer, watch]
     plugins: list[Any] = []
     dirpath = root / mode
+    first = FirstSave(root / f"{mode}-first")
     if mode != "none":
+        if args.warmup >= 2:  # the first save falls in the warm-up, and its write ends there
+            callbacks.insert(0, first)
         callbacks.append(ModelCheckpoint(dirpath=dirpath, every_n_train_steps=args.every, save_top_k=1,
                                          monitor=None, save_on_train_epoch_end=False, save_last=False))
         plugins.append(BoundedAsyncCheckpointIO(AtomicCheckpointIO()) if mode == "async" else AtomicCheckpointIO())
@@ -678,7 +722,7 @@ def run_checkpointing(args: argparse.Namespace, root: Path, mode: str) -> dict[s
         p.numel() * p.element_size() for p in model.parameters())
     loop_s = watch.ends[-1] - watch.ends[args.warmup - 1]
     return {"mode": mode, "loop_s": loop_s, "blocked": events, "waits": waits, "staging": staging,
-            "state_bytes": state_bytes,
+            "state_bytes": state_bytes, "first_save_s": first.seconds,
             "step_ms": loop_s / (args.steps - args.warmup) * 1e3}
 
 
@@ -732,7 +776,7 @@ def bench_checkpoint(args: argparse.Namespace, console: Console) -> dict[str, An
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         for index in range(max_rounds):
-            for mode in runs:
+            for mode in list(runs) if index % 2 == 0 else list(runs)[::-1]:  # no writer always follows another
                 run = run_checkpointing(args, root / f"round{index}", mode)
                 runs[mode].append(run)
                 extra = f", saves held the loop {', '.join(f'{b:.3f}' for b in run['blocked'])} s" \
@@ -756,6 +800,9 @@ def bench_checkpoint(args: argparse.Namespace, console: Console) -> dict[str, An
     staging = [s for r in runs["async"] for s in r["staging"]]
     stalls["async"]["staging_s"] = statistics.median(staging) if staging else float("nan")
     stalls["async"]["waited_saves"] = sum(1 for r in runs["async"] for w in r["waits"] if w > 0)
+    for mode in ("sync", "async"):
+        firsts = [r["first_save_s"] for r in runs[mode] if r["first_save_s"] is not None]
+        stalls[mode]["first_save_s"] = statistics.median(firsts) if firsts else float("nan")
     ratio = async_over_sync(stalls["sync"], stalls["async"])
     ratio["effective_ratio"], low, high = ci
     ratio["verdict"] = verdict_at_most(low, high, GOAL_ASYNC_OVER_SYNC)
@@ -799,6 +846,11 @@ def print_checkpoint(figures: dict[str, Any], console: Console) -> None:
                       f"{'met' if a['staging_s'] <= GOAL_STAGING_OVER_FLOOR * f['copy_s'] else 'MISSED'}); "
                       f"{a['waited_saves']} of {a['checkpoints']} saves first waited for the previous one "
                       "(storage slower than the save interval)", highlight=False)
+    s = figures["stalls"]["sync"]
+    if not math.isnan(a.get("first_save_s", math.nan)):
+        console.print(f"each run's first save, after its first step (outside the timed window; the async one "
+                      f"allocates the staging buffer): sync {s['first_save_s'] * 1e3:.1f} ms, async "
+                      f"{a['first_save_s'] * 1e3:.1f} ms (medians)", highlight=False)
 
 
 

@@ -203,3 +203,28 @@ def test_staging_keeps_every_container_type_and_copies_what_training_may_change(
     counts["b"] = 2
     assert staged["state_dict"]["w"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
     assert len(staged["ints"]) == 625 and "b" not in staged["counts"]
+
+
+def test_drain_waits_for_the_writes_and_keeps_the_staging_buffer() -> None:
+    inner = GatedIO()
+    io = BoundedAsyncCheckpointIO(inner)
+    io.save_checkpoint({"w": torch.zeros(2)}, "a")
+    drain = threading.Thread(target=io.drain)
+    drain.start()
+    drain.join(timeout=0.3)
+    assert drain.is_alive()  # "a" is still being written
+    inner.release.set()
+    drain.join(timeout=60)
+    assert not drain.is_alive() and inner.events == ["start a", "end a"]
+    assert len(io._staging) == 1  # unlike teardown, the buffer stays for the next save
+    io.teardown()
+
+
+def test_drain_raises_what_a_save_raised() -> None:
+    inner = FullDiskIO()
+    io = BoundedAsyncCheckpointIO(inner)
+    io.save_checkpoint({"w": torch.zeros(2)}, "a")
+    inner.release.set()  # the write fails in the writer thread, after save_checkpoint returned
+    with pytest.raises(OSError) as err:
+        io.drain()
+    assert err.value.errno == errno.ENOSPC

@@ -183,6 +183,17 @@ def test_verdict_and_settling() -> None:
     assert ci_settled(0.990, 0.9999, 0.01) and not ci_settled(0.98, 0.99, 0.01)
 
 
+def test_c_over_b_must_reach_the_goal_with_its_interval_above_the_floor() -> None:
+    from recipes.bench import C_OVER_B_CI_FLOOR, GOAL_C_OVER_B, verdict_with_floor
+
+    assert (GOAL_C_OVER_B, C_OVER_B_CI_FLOOR) == (0.98, 0.97)  # the "c/b >= 0.98 with its CI above 0.97"
+    assert verdict_with_floor(0.985, 0.972, 0.998, 0.98, 0.97) == "met"
+    assert verdict_with_floor(0.980, 0.970, 0.990, 0.98, 0.97) == "met"  # on both bounds counts
+    assert verdict_with_floor(0.9801, 0.950, 1.017, 0.98, 0.97) == "inconclusive"  # the interval dips below 0.97
+    assert verdict_with_floor(0.979, 0.972, 0.990, 0.98, 0.97) == "inconclusive"  # short of 0.98, within noise
+    assert verdict_with_floor(0.969, 0.950, 0.979, 0.98, 0.97) == "missed"  # the whole interval below 0.98
+
+
 def test_ablation_pieces_and_flags() -> None:
     from recipes.bench import PIECES
 
