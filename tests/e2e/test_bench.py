@@ -84,6 +84,9 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
         assert set(figures[key]) == set(VARIANTS), key
     assert figures["rounds_run"] == 2 and all(len(v) == 2 for v in figures["all"].values())
     assert len(figures["full_recipe_fit_s"]) == 2
+    # the variants' order alternates from round to round
+    order = [line.split("(")[1].split(")")[0] for line in result.stderr.splitlines() if line.startswith("round ")]
+    assert order == [*VARIANTS, *reversed(VARIANTS)]
     assert set(figures["ratios"]) == set(figures["median_ratios"]) == {
         "c/a", "c/b", "c/a_ok", "c/b_ok", "overhead_vs_torch", "overhead_vs_lightning"}
     assert set(figures["ci95"]) == set(figures["verdict"]) == {"c/b", "c/a"}
