@@ -11,6 +11,8 @@ from typing import Any
 
 import mlflow
 import pytest
+import torch
+from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import Logger
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +74,26 @@ def runs_of(workdir: Path, experiment: str) -> list:
     client = client_for(workdir)
     exp = client.get_experiment_by_name(experiment)
     return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+class TinyModule(LightningModule):
+    """One ``Linear(2, 1)`` that never learns (lr 0): for tests of callbacks, where the model is beside the point.
+
+    Batches are ``(x,)`` with ``x`` of shape ``(n, 2)``; validation logs ``val/x``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).sum()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val/x", self.layer(batch[0]).sum())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 class RecordingLogger(Logger):

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.cpu_threads import THREADS_METRIC, AdaptiveCpuThreads, ThreadChooser, candidate_counts
-from tests.conftest import RecordingLogger
+from tests.conftest import RecordingLogger, TinyModule
 
 
 def drive(chooser: ThreadChooser, step_s: dict[int, float], steps: int) -> list[int]:
@@ -100,18 +100,6 @@ def test_bad_settings_name_the_value(settings: dict[str, Any], named: str) -> No
 
 
 # ----------------------------------------------------------------------------- the callback in a Trainer
-class _Tiny(LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(2, 1)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.layer(batch[0]).sum()
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.0)
-
-
 class _ThreadClock:
     """A clock whose steps last 15 ms at 2 threads and 7.7 ms at 1 (a busy neighbour), read per hook call."""
 
@@ -133,7 +121,7 @@ def test_callback_moves_a_busy_run_to_one_thread_logs_it_and_restores_the_count(
                                  settle_steps=0, window=3)
     seen: list[int] = []
 
-    class Spy(_Tiny):
+    class Spy(TinyModule):
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             seen.append(torch.get_num_threads())
             return super().training_step(batch, batch_idx)
@@ -155,5 +143,5 @@ def test_callback_leaves_a_multi_process_or_gpu_run_alone(tmp_path: Any) -> None
         world_size = 2
         accelerator = None
 
-    threads.setup(FakeTrainer(), _Tiny(), "fit")  # type: ignore[arg-type]
+    threads.setup(FakeTrainer(), TinyModule(), "fit")  # type: ignore[arg-type]
     assert threads.chooser is None

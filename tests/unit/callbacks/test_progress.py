@@ -7,27 +7,13 @@ from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import RichProgressBar
 from torch.utils.data import DataLoader, TensorDataset
 
 import callbacks.progress as progress
 from callbacks.progress import RunProgressBar
-
-
-class _Tiny(LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(2, 1)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.layer(batch[0]).sum()
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self.log("val/x", self.layer(batch[0]).sum())
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.0)
+from tests.conftest import TinyModule
 
 
 def _loader(batches: int) -> DataLoader:
@@ -54,7 +40,7 @@ def test_draws_every_interval_and_on_each_last_batch(monkeypatch: pytest.MonkeyP
     bar = RunProgressBar(max_refresh_hz=0.1)
     trainer = Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False,
                       num_sanity_val_steps=0, default_root_dir=tmp_path, accelerator="cpu")
-    trainer.fit(_Tiny(), train_dataloaders=_loader(9), val_dataloaders=_loader(3))
+    trainer.fit(TinyModule(), train_dataloaders=_loader(9), val_dataloaders=_loader(3))
     # clock 0 (first), 3, 6, 9, 12 (>= 10 after 0), 15, 18, 21, 24 (12 after 12; also the last batch)
     # then validation at 27 (3 after 24), 30, 33 (last of validation)
     assert drawn == [("train", 0), ("train", 4), ("train", 8), ("val", 2)]
@@ -73,7 +59,7 @@ def test_a_disabled_bar_as_on_every_rank_but_0_draws_nothing_and_does_not_fail(t
     bar.disable()  # what Lightning does on every rank but 0
     trainer = Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False,
                       num_sanity_val_steps=2, default_root_dir=tmp_path, accelerator="cpu")
-    trainer.fit(_Tiny(), train_dataloaders=_loader(4), val_dataloaders=_loader(3))
+    trainer.fit(TinyModule(), train_dataloaders=_loader(4), val_dataloaders=_loader(3))
     assert bar.progress is None and trainer.global_step == 4
 
 
@@ -95,7 +81,7 @@ def test_leave_keeps_each_finished_epoch_without_restarting_the_display(tmp_path
                       num_sanity_val_steps=0, default_root_dir=tmp_path, accelerator="cpu")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(progress.RichProgressBar, "_init_progress", spy_init)
-        trainer.fit(_Tiny(), train_dataloaders=_loader(4), val_dataloaders=_loader(2))
+        trainer.fit(TinyModule(), train_dataloaders=_loader(4), val_dataloaders=_loader(2))
     assert len({id(p) for p in started}) == 1  # one live display for the whole fit
     # what stays on the terminal: each line's last redraw (after its last carriage return), codes removed
     shown = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line.split("\r")[-1]) for line in out.getvalue().split("\n")]
@@ -121,6 +107,6 @@ def test_the_refresh_thread_wakes_no_more_often_than_the_bar_draws(tmp_path: Any
                       num_sanity_val_steps=0, default_root_dir=tmp_path, accelerator="cpu")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(progress.RichProgressBar, "_init_progress", spy_init)
-        trainer.fit(_Tiny(), train_dataloaders=_loader(4), val_dataloaders=_loader(2))
+        trainer.fit(TinyModule(), train_dataloaders=_loader(4), val_dataloaders=_loader(2))
     assert polls and set(polls) == {polls_per_s}
     assert bar.refresh_rate == polls_per_s and bar.is_enabled
