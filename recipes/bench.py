@@ -28,11 +28,11 @@ around it: (loop time with checkpoints - loop time without) / checkpoints, paire
 rounds are added until the bootstrap CI of async / sync lies wholly on one side of the goal or is
 narrower than 5 points ("inconclusive" if neither by ``--max-rounds``). Goals: async
 effective <= 10% of sync; an async save's staging (its blocked stall less any wait for the previous
-write) <= 2x the memory-copy floor measured in the same run. Each run saves once after its first step,
-before the window (the async writer allocates its staging buffer then, once, as a long run does), and
-that first save is reported apart; the writers' order alternates from round to round. Both commands print a table and
-``--json`` prints the figures; on CPU the benchmarks run with one torch thread (``--threads``) so
-repeated runs are comparable.
+write) <= 2x the memory-copy floor measured in the same run. Each run saves once after its first
+step, before the window (the async writer allocates its staging buffer then, once, as a long run
+does), and that first save is reported apart; the writers' order alternates from round to round.
+Both commands print a table and ``--json`` prints the figures; on CPU the benchmarks run with one
+torch thread (``--threads``) so repeated runs are comparable.
 """
 
 from __future__ import annotations
@@ -697,9 +697,9 @@ def run_checkpointing(args: argparse.Namespace, root: Path, mode: str) -> dict[s
     callbacks: list[Callback] = [timer, watch]
     plugins: list[Any] = []
     dirpath = root / mode
-    first = FirstSave(root / f"{mode}-first")
+    first = FirstSave(root / f"{mode}-first") if mode != "none" and args.warmup >= 2 else None
     if mode != "none":
-        if args.warmup >= 2:  # the first save falls in the warm-up, and its write ends there
+        if first is not None:  # the first save falls in the warm-up, and its write ends there
             callbacks.insert(0, first)
         callbacks.append(ModelCheckpoint(dirpath=dirpath, every_n_train_steps=args.every, save_top_k=1,
                                          monitor=None, save_on_train_epoch_end=False, save_last=False))
@@ -722,7 +722,7 @@ def run_checkpointing(args: argparse.Namespace, root: Path, mode: str) -> dict[s
         p.numel() * p.element_size() for p in model.parameters())
     loop_s = watch.ends[-1] - watch.ends[args.warmup - 1]
     return {"mode": mode, "loop_s": loop_s, "blocked": events, "waits": waits, "staging": staging,
-            "state_bytes": state_bytes, "first_save_s": first.seconds,
+            "state_bytes": state_bytes, "first_save_s": first.seconds if first else None,
             "step_ms": loop_s / (args.steps - args.warmup) * 1e3}
 
 

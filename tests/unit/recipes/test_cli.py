@@ -5,14 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from recipes.cli import parse_error_message, refused_changes, resumable_change
-
-
-def torch_cuda_compiled() -> bool:
-    import torch
-
-    return torch.cuda._is_compiled()
 
 MAX_EPOCHS = ('Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n  Subtypes: '
               "[<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n    - Expected a "
@@ -137,8 +132,6 @@ def test_summary_of_a_finished_run_without_mlflow(capsys: pytest.CaptureFixture[
 def test_cheap_gpu_checks_drop_the_nvml_check_only_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    import torch
-
     from recipes.cli import NVML_CHECK_ENV, cheap_gpu_checks
 
     monkeypatch.setenv(NVML_CHECK_ENV, "1")
@@ -151,10 +144,8 @@ def test_cheap_gpu_checks_drop_the_nvml_check_only_without_a_gpu(monkeypatch: py
         assert os.environ[NVML_CHECK_ENV] == "1"  # a GPU: Lightning's fork-safe check stays
 
 
-@pytest.mark.skipif(not torch_cuda_compiled(), reason="a CPU-only build of torch never asks NVML")
+@pytest.mark.skipif(not torch.cuda._is_compiled(), reason="a CPU-only build of torch never asks NVML")
 def test_without_the_nvml_check_a_step_no_longer_asks_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
     from recipes.cli import NVML_CHECK_ENV, cheap_gpu_checks
 
     if torch.cuda.device_count() > 0:
