@@ -1028,6 +1028,8 @@ def contention_worker(steps: int, warmup: int, threads: int | None, adaptive: bo
                       enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks)
     trainer.fit(ImageClassifier(num_classes=10, in_channels=1, width=32, dropout=0.1),
                 datamodule=DigitsDataModule(batch_size=32))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # not at interpreter exit: gloo can abort there (recipes.cli)
     if trainer.global_rank != 0:
         return None
     # the mean, not the median: the steps a setting loses to a busy neighbour (or to probing) all count

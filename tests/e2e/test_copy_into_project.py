@@ -215,6 +215,9 @@ def trainer(**kwargs):
 
 def done():
     no_module_from_the_repository()
+    if torch.distributed.is_initialized():
+        # as recipes.cli does: a gloo group left to interpreter exit can abort the process (SIGABRT)
+        torch.distributed.destroy_process_group()
     print("COPY-TEST-OK")
 '''
 

@@ -334,6 +334,9 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
                          "hook_calls": timer.totals["hook_calls"], "bytes": timer.totals["bytes"],
                          "steps": timer.steps}
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    # as recipes.cli does: a gloo group left to interpreter exit can abort the rank (SIGABRT, "terminate called
+    # without an active exception") while its worker threads still hold tensors
+    torch.distributed.destroy_process_group()
 
 
 def _free_port() -> int:
