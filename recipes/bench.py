@@ -11,9 +11,9 @@ progress bar), (c) the full recipe: :class:`recipes.cli.AtscaleCLI` with every d
 (MLflow, spot safety, atomic async checkpoints, manifest, baselines, model logging, rich progress
 bar) plus :class:`callbacks.timing.StepTiming`. A fourth variant, plain Lightning + StepTiming alone, isolates
 that callback's cost (goal <= 1%). Throughput is measured between the end of the warm-up steps and
-the end of the last step; variants are interleaved round by round and the best round of each is
-compared (as ``timeit`` does: other load only ever slows a round down; medians are printed too).
-Goals: c/b >= 0.99, c/a >= 0.95.
+the end of the last step; variants are interleaved round by round, and the verdict compares mean
+throughputs over the paired rounds with a bootstrap confidence interval (the best round and the medians
+of each variant are printed too). Goals: c/b >= 0.98 with its 95 % CI above 0.97, c/a >= 0.95.
 
 How long a periodic checkpoint stalls the training loop, synchronous versus asynchronous
 (:class:`callbacks.checkpoint_io.BoundedAsyncCheckpointIO` around
@@ -111,7 +111,7 @@ def window_throughput(step_ends: Sequence[float], samples_per_step: int, warmup:
 
 
 def overhead_ratios(plain_torch: float, plain_lightning: float, full_recipe: float) -> dict[str, Any]:
-    """Throughput ratios c/a and c/b and whether they meet the goals (>= 0.95, >= 0.99).
+    """Throughput ratios c/a and c/b and whether they reach the goals (>= 0.95, >= 0.98; no interval).
 
     Args:
         plain_torch: throughput of the plain PyTorch loop (a).
@@ -1098,7 +1098,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     over = sub.add_parser("overhead", help="plain PyTorch vs plain Lightning vs the full recipe",
                           description="Throughput of one MLP trained as (a) a plain PyTorch loop, (b) plain "
-                                      "Lightning, (c) the full recipe; goals c/b >= 0.99, c/a >= 0.95.",
+                                      "Lightning, (c) the full recipe; goals c/b >= 0.98 with its 95% CI above 0.97, "
+                                      "c/a >= 0.95.",
                           formatter_class=HelpFormatter)
     over.add_argument("--steps", type=int, default=40, help="optimizer steps per variant and round, warm-up included")
     over.add_argument("--warmup", type=int, default=10, help="steps before the throughput window opens")
@@ -1106,8 +1107,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="rounds of all variants, interleaved (at least this many; the best round of each is "
                            "shown, the bootstrap CI of the mean ratio decides)")
     over.add_argument("--max-rounds", dest="max_rounds", type=int, default=15,
-                      help="keep adding rounds until the 95%% CIs of c/b and c/a are narrower than the goals' "
-                           "margins (1%%, 5%%), or this many rounds: then the verdict says 'inconclusive'")
+                      help="keep adding rounds until both verdicts are decided (c/b met or missed, c/a's CI narrower "
+                           "than 5%%), or this many rounds: then the verdict may say 'inconclusive'")
     over.add_argument("--ablate", action="store_true",
                       help="instead: the full recipe with each default piece (MLflow, system metrics, progress "
                            "bar, spot, cost, checkpointing, baselines, manifest, model logging, StepTiming) "

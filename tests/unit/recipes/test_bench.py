@@ -98,8 +98,8 @@ def test_bad_input_exit_2(argv: list[str], message: str, capsys: pytest.CaptureF
                   "--batch-size BATCH_SIZE samples per step (default: 256)",
                   "--rounds ROUNDS rounds of all variants, interleaved (at least this many; the best round of "
                   "each is shown, the bootstrap CI of the mean ratio decides) (default: 3)",
-                  "--max-rounds MAX_ROUNDS keep adding rounds until the 95% CIs of c/b and c/a are narrower than "
-                  "the goals' margins (1%, 5%), or this many rounds: then the verdict says 'inconclusive' "
+                  "--max-rounds MAX_ROUNDS keep adding rounds until both verdicts are decided (c/b met or missed, "
+                  "c/a's CI narrower than 5%), or this many rounds: then the verdict may say 'inconclusive' "
                   "(default: 15)",
                   "--threads THREADS torch threads (CPU) (default: 1)"]),
     ("checkpoint", ["--every EVERY save a checkpoint every this many steps (default: 10)",
