@@ -1098,8 +1098,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     over = sub.add_parser("overhead", help="plain PyTorch vs plain Lightning vs the full recipe",
                           description="Throughput of one MLP trained as (a) a plain PyTorch loop, (b) plain "
-                                      "Lightning, (c) the full recipe; goals c/b >= 0.98 with its 95% CI above 0.97, "
-                                      "c/a >= 0.95.",
+                                      f"Lightning, (c) the full recipe; goals c/b >= {GOAL_C_OVER_B} with its 95% CI "
+                                      f"above {C_OVER_B_CI_FLOOR}, c/a >= {GOAL_C_OVER_A}.",
                           formatter_class=HelpFormatter)
     over.add_argument("--steps", type=int, default=40, help="optimizer steps per variant and round, warm-up included")
     over.add_argument("--warmup", type=int, default=10, help="steps before the throughput window opens")
@@ -1108,7 +1108,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "shown, the bootstrap CI of the mean ratio decides)")
     over.add_argument("--max-rounds", dest="max_rounds", type=int, default=15,
                       help="keep adding rounds until both verdicts are decided (c/b met or missed, c/a's CI narrower "
-                           "than 5%%), or this many rounds: then the verdict may say 'inconclusive'")
+                           f"than {(1 - GOAL_C_OVER_A) * 100:.0f}%%), or this many rounds: then the verdict may say "
+                           "'inconclusive'")
     over.add_argument("--ablate", action="store_true",
                       help="instead: the full recipe with each default piece (MLflow, system metrics, progress "
                            "bar, spot, cost, checkpointing, baselines, manifest, model logging, StepTiming) "
