@@ -93,7 +93,8 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
     assert all(set(c) == {"ratio", "low", "high"} for c in figures["ci95"].values())
     assert figures["params"] == 8 * 8 + 8 + 8 * 10 + 10
     assert figures["settings"] == {"steps": 4, "warmup": 1, "rounds": 2, "max_rounds": 2, "batch_size": 4,
-                                   "hidden": 8, "layers": 1, "features": 8, "threads": 1}
+                                   "hidden": 8, "layers": 1, "features": 8, "threads": 1,
+                                   "variants": list(VARIANTS)}
     # the full recipe's runs really went through the CLI: their logs are kept in --out
     assert sorted(p.name for p in (tmp_path / "out").glob("full-*.log")) == ["full-0.log", "full-1.log"]
 
@@ -105,6 +106,26 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
                      "StepTiming alone:",
                      "warning: steps under 50 ms"):
         assert fragment in text, fragment
+
+
+def test_overhead_b_and_c_alone_stand_side_by_side(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "overhead", "--variants", "c,b", "--steps", "4", "--warmup", "1", "--rounds", "2",
+                    "--max-rounds", "2", *TINY, "--json")
+    figures = json.loads(result.stdout)
+    order = [line.split("(")[1].split(")")[0] for line in result.stderr.splitlines() if line.startswith("round ")]
+    assert order == ["b", "c", "c", "b"]  # VARIANTS' order whatever the order given, alternating by round
+    assert set(figures["all"]) == set(figures["throughput"]) == {"b", "c"}
+    assert figures["settings"]["variants"] == ["b", "c"]
+    assert set(figures["ci95"]) == set(figures["verdict"]) == {"c/b"}
+    best = figures["throughput"]
+    assert figures["ratios"] == {"c/b": best["c"] / best["b"], "c/b_ok": best["c"] / best["b"] >= 0.98,
+                                 "overhead_vs_lightning": best["b"] / best["c"] - 1.0}
+    assert figures["ci95"]["c/b"]["ratio"] == pytest.approx(sum(figures["all"]["c"]) / sum(figures["all"]["b"]))
+    assert figures["timing_cost"] is None
+    text = _table(print_overhead, figures)
+    assert VARIANTS["b"] in text and VARIANTS["c"] in text
+    assert VARIANTS["a"] not in text and "c/a" not in text and "of plain Lightning's step time here" not in text
+    assert "best rounds: c/b = " in text and "StepTiming alone: measured on a trivial model" in text
 
 
 def test_contention_command_json_and_table(tmp_path: Path) -> None:

@@ -85,6 +85,8 @@ def test_benchmark_models_have_the_sizes_the_docs_claim() -> None:
     (["overhead", "--steps", "5", "--warmup", "10"], "--steps 5 must exceed --warmup 10"),
     (["checkpoint", "--every", "40"], "--every 40: needs at least one save"),
     (["overhead", "--rounds", "0"], "--rounds 0 must be >= 1"),
+    (["overhead", "--variants", "a,c"], "--variants a,c: each one of a, b, b+timing, c, with b and c among them"),
+    (["overhead", "--variants", "b,c,d"], "--variants b,c,d: each one of"),
     (["nonsense"], "invalid choice"),
 ])
 def test_bad_input_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
