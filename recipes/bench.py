@@ -5,6 +5,7 @@ trained three ways in one process (rounds interleaved, median taken)::
 
     python -m recipes.bench overhead                     # MLP, ~50-100 ms steps on one CPU core
     python -m recipes.bench overhead --hidden 2048 --rounds 5
+    python -m recipes.bench overhead --variants b,c --steps 70 --rounds 50 --max-rounds 50  # c/b, as the README
 
 (a) a plain PyTorch loop, (b) plain Lightning with no extras (no logger, no checkpointing, no
 progress bar), (c) the full recipe: :class:`recipes.cli.AtscaleCLI` with every default callback
