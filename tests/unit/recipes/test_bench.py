@@ -46,6 +46,11 @@ def test_overhead_ratios_and_goals() -> None:
     assert edge["c/a"] == pytest.approx(0.9504) and edge["c/a_ok"] and edge["c/b_ok"]
     with pytest.raises(ValueError, match="full_recipe=0"):
         overhead_ratios(1.0, 1.0, 0)
+    # without (a) (`--variants b,c`) only the c/b figures
+    assert overhead_ratios(None, 1960.0, 1950.0) == {"c/b": 1950 / 1960, "c/b_ok": True,
+                                                     "overhead_vs_lightning": 1960 / 1950 - 1.0}
+    with pytest.raises(ValueError, match=r"plain_lightning=-1\.0"):
+        overhead_ratios(None, -1.0, 1.0)
 
 
 def test_checkpoint_stall_and_async_ratio_by_hand() -> None:
