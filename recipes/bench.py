@@ -69,6 +69,7 @@ from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
 from recipes import bench_compression, chaos
 from recipes.common import ArgumentParser, HelpFormatter, UsageError
+from recipes.shutdown import destroy_process_group, run_and_exit
 
 PROG = "python -m recipes.bench"
 #: Goals: full recipe vs plain Lightning, full recipe vs plain PyTorch, async vs sync checkpoint stall
@@ -1044,8 +1045,7 @@ def contention_worker(steps: int, warmup: int, threads: int | None, adaptive: bo
                       enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=callbacks)
     trainer.fit(ImageClassifier(num_classes=10, in_channels=1, width=32, dropout=0.1),
                 datamodule=DigitsDataModule(batch_size=32))
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()  # not at interpreter exit: gloo can abort there (recipes.cli)
+    destroy_process_group()  # and main's run_and_exit ends the process (recipes.shutdown says why)
     if trainer.global_rank != 0:
         return None
     # the mean, not the median: the steps a setting loses to a busy neighbour (or to probing) all count
@@ -1286,4 +1286,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_and_exit(main)

@@ -82,6 +82,7 @@ from recipes.run_context import (  # noqa: F401 (re-exported)
     run_tags,
 )
 from recipes.run_lock import RunLock, RunLocked
+from recipes.shutdown import destroy_process_group
 from recipes.tracking import DEFAULT_TRACKING_URI, RUN_DIR_TAG, TrackingError, redact  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -466,10 +467,7 @@ class AtscaleCLI(LightningCLI):
             logger.experiment.set_terminated(logger.run_id, "KILLED")
         if self.trainer.is_global_zero:
             self.print_summary(duration, interrupted)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # every rank got here: tear the group down now, not during interpreter exit, where gloo's
-            # worker threads can still hold tensors and abort the process ("terminate called ...")
-            torch.distributed.destroy_process_group()
+        destroy_process_group()  # every rank got here; recipes.fit then ends the process (recipes.shutdown)
         return REQUEUE_EXIT_CODE if interrupted else 0
 
     def _after_fit(self, logger: MLFlowLogger | None) -> None:

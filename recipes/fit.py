@@ -68,6 +68,7 @@ def cpu_thread_env(setting: str, env: Mapping[str, str]) -> dict[str, str]:
 os.environ.update(cpu_thread_env(cpu_threads_setting(sys.argv[1:]), os.environ))
 
 from recipes.cli import run_cli  # noqa: E402 (after the OpenMP environment is set)
+from recipes.shutdown import run_and_exit  # noqa: E402
 
 
 def main(args: list[str] | None = None) -> int:
@@ -75,4 +76,4 @@ def main(args: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_and_exit(main)  # a DDP/FSDP rank ends without the interpreter's teardown (recipes.shutdown says why)

@@ -1,0 +1,93 @@
+"""How a training process ends once it has joined a ``torch.distributed`` group.
+
+:func:`run_and_exit` runs a program's ``main`` and ends the process with its exit code. A process
+that joined a process group then skips the interpreter's finalization, after running everything a
+normal exit runs before it: non-daemon threads joined, ``atexit`` handlers (MLflow's queue, logging,
+temporary directories), standard streams flushed.
+
+Why: ``destroy_process_group`` unregisters the groups but does not free them while anything still
+holds one, and something always does after a fit: FSDP2's mesh info on every sharded module, DDP's
+reducer. The gloo group is then freed during finalization, while its worker threads may still hold
+tensors of the last collectives; releasing those wants the GIL of an interpreter being torn down,
+and the process aborts (SIGABRT, "terminate called without an active exception") after a run that
+succeeded. On this project's CI that happened about once in a few hundred 2-process runs, and in
+``tests/unit/recipes/test_shutdown.py``'s stress case in most runs. torch has no switch for it
+(pytorch#179291, an ``atexit`` destroy, was abandoned), so this module ends the process itself.
+
+Copy with it: nothing; it works alone (``torch`` and the standard library).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import NoReturn
+
+import torch
+
+__all__ = ["destroy_process_group", "exit_process", "run_and_exit"]
+
+_joined_a_group = False
+
+
+def destroy_process_group() -> None:
+    """Destroy every process group, if one exists, once all ranks are done communicating."""
+    global _joined_a_group
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        _joined_a_group = True
+        torch.distributed.destroy_process_group()
+
+
+def joined_a_group() -> bool:
+    """Whether this process belongs, or belonged until :func:`destroy_process_group`, to a process group."""
+    return _joined_a_group or (torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def exit_process(code: int) -> NoReturn:
+    """End the process with ``code``; past a process group, without the interpreter's finalization."""
+    if not joined_a_group():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        raise SystemExit(code)
+    # what a normal exit runs before finalization, in its order (CPython's Py_FinalizeEx): non-daemon
+    # threads joined (threading's own atexit list first, e.g. concurrent.futures' workers), atexit handlers,
+    # standard streams flushed. The interpreter's private hooks for the first two are the only ones there are.
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing left to say on it
+            pass
+    os._exit(code)
+
+
+def _code_of(exit_request: SystemExit) -> int:
+    """The exit code ``raise SystemExit(x)`` means, printing ``x`` where the interpreter would."""
+    if exit_request.code is None:
+        return 0
+    if isinstance(exit_request.code, int):
+        return exit_request.code
+    print(exit_request.code, file=sys.stderr)
+    return 1
+
+
+def run_and_exit(main: Callable[[], int | None]) -> NoReturn:
+    """Run ``main`` as the program's entry point and end the process with its exit code.
+
+    An uncaught exception is reported as the interpreter would (``sys.excepthook``) and exits 1 (130
+    for Ctrl-C); ``SystemExit`` inside ``main`` keeps its meaning.
+    """
+    try:
+        code = main() or 0
+    except SystemExit as exit_request:
+        code = _code_of(exit_request)
+    except KeyboardInterrupt:
+        code = 130  # the shell's code for SIGINT, as the interpreter exits on an uncaught Ctrl-C
+    except BaseException:  # the entry point: report everything, as the interpreter would
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    exit_process(code)

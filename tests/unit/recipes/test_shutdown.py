@@ -1,0 +1,105 @@
+"""recipes.shutdown: a rank that joined a gloo group ends with its own exit code, never SIGABRT at exit.
+
+Each case runs two real processes (gloo, loopback). The stress before the end reproduces what a fit
+leaves behind: a group still held after ``destroy_process_group`` (as FSDP2's mesh info and DDP's
+reducer hold it) and gloo worker threads still busy with the last collectives. Ended by a normal
+interpreter exit, such a pair aborts in most runs on this machine ("terminate called without an
+active exception", SIGABRT: 7 runs in 8 when this test was written).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+RANK_SCRIPT = textwrap.dedent("""
+    import atexit, os, sys, threading, time
+    from pathlib import Path
+    import torch
+    import torch.distributed as dist
+    from recipes.shutdown import destroy_process_group, run_and_exit
+
+    CASE, OUT, RANK = sys.argv[1], Path(sys.argv[2]), int(os.environ["RANK"])
+
+    def later() -> None:  # a non-daemon thread still running when main returns: a normal exit waits for it
+        time.sleep(0.3)
+        (OUT / f"thread{RANK}").write_text("joined")
+
+    def main() -> int:
+        print(f"rank {RANK} done", flush=False)  # flushed by the exit, not here
+        if CASE in ("alone", "group of one"):
+            if CASE == "group of one":
+                dist.init_process_group("gloo")
+            atexit.register(lambda: (OUT / f"atexit{RANK}").write_text("ran"))
+            threading.Thread(target=later).start()
+            return 7
+        dist.init_process_group("gloo")
+        global HELD
+        HELD = dist.group.WORLD  # as FSDP's mesh info holds it past destroy_process_group
+        for _ in range(50):  # collectives left to gloo's worker threads, as a fit's last steps leave them
+            dist.all_reduce(torch.ones(100_000), async_op=True)
+        dist.all_reduce(torch.ones(1))
+        if CASE == "fails":
+            raise RuntimeError(f"boom on rank {RANK}")
+        destroy_process_group()
+        return 7  # at once: what makes the abort likely is exiting while gloo's threads are still busy
+
+    run_and_exit(main)
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_pair(tmp_path: Path, case: str, world_size: int = 2) -> list[subprocess.CompletedProcess]:
+    """Both ranks of ``case`` to the end; each one's exit code, stdout and stderr."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    port = _free_port()
+    procs = []
+    for rank in range(world_size):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen([sys.executable, str(script), case, str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_rank_that_held_its_group_past_destroy_exits_with_its_code(tmp_path: Path, attempt: int) -> None:
+    for rank, result in enumerate(run_pair(tmp_path, "succeeds")):
+        assert "terminate called" not in result.stderr, result.stderr
+        assert result.returncode == 7, f"rank {rank}: exit {result.returncode}\n{result.stderr}"
+        assert result.stdout == f"rank {rank} done\n"
+
+
+def test_a_rank_that_fails_exits_1_with_its_traceback(tmp_path: Path) -> None:
+    for rank, result in enumerate(run_pair(tmp_path, "fails")):
+        assert "terminate called" not in result.stderr, result.stderr
+        assert result.returncode == 1, f"rank {rank}: exit {result.returncode}\n{result.stderr}"
+        assert result.stderr.rstrip().endswith(f"RuntimeError: boom on rank {rank}"), result.stderr
+        assert "Traceback (most recent call last)" in result.stderr
+
+
+@pytest.mark.parametrize("case", ["group of one", "alone"])
+def test_what_a_normal_exit_runs_first_still_runs(tmp_path: Path, case: str) -> None:
+    """Threads joined, then atexit handlers, then streams flushed: with a group (skipping finalization) or not."""
+    (result,) = run_pair(tmp_path, case, world_size=1)
+    assert (result.returncode, result.stdout) == (7, "rank 0 done\n"), result.stderr
+    assert (tmp_path / "thread0").read_text() == "joined"
+    assert (tmp_path / "atexit0").read_text() == "ran"
