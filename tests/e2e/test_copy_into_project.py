@@ -214,11 +214,13 @@ def trainer(**kwargs):
 
 
 def done():
+    """The script's end, as recipes.fit ends: a DDP rank skips the teardown where gloo can abort it (SIGABRT)."""
+    from shutdown import destroy_process_group, exit_process  # recipes/shutdown.py, copied as a user would
+
     no_module_from_the_repository()
-    if torch.distributed.is_initialized():
-        # as recipes.cli does: a gloo group left to interpreter exit can abort the process (SIGABRT)
-        torch.distributed.destroy_process_group()
+    destroy_process_group()
     print("COPY-TEST-OK")
+    exit_process(0)
 '''
 
 # --------------------------------------------------------------------------------------------- the scripts
@@ -547,6 +549,7 @@ def write_data(module: str, project: Path) -> None:
 
 def run_in_project(project: Path, script: str, timeout: float = 300) -> subprocess.CompletedProcess:
     (project / "harness.py").write_text(HARNESS)
+    shutil.copy2(REPO / "recipes/shutdown.py", project / "shutdown.py")
     (project / "run_copy.py").write_text("from harness import *  # noqa: F403\n" + textwrap.dedent(script)
                                          + "\ndone()\n")
     env = {k: v for k, v in os.environ.items()

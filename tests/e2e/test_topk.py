@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from callbacks.compression import GradientCompression
 from callbacks.utils.topk import TopKState, topk_hook
+from recipes.shutdown import destroy_process_group, exit_process
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +64,8 @@ def _worker(rank: int, port: int, ratio: float, path: str) -> None:
             result["local"].append([p.grad.clone() for p in local.parameters()])
         torch.save(result, f"{path}.{rank}")
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()
+    exit_process(0)  # past a gloo group, the interpreter's teardown can abort the rank (recipes.shutdown)
 
 
 def _run(tmp_path: Path, ratio: float) -> list[dict]:

@@ -28,6 +28,7 @@ from callbacks.timing import (
     serial_fraction,
     union_length,
 )
+from recipes.shutdown import destroy_process_group, exit_process
 from tests.conftest import RecordingLogger
 
 
@@ -334,9 +335,9 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
                          "hook_calls": timer.totals["hook_calls"], "bytes": timer.totals["bytes"],
                          "steps": timer.steps}
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-    # as recipes.cli does: a gloo group left to interpreter exit can abort the rank (SIGABRT, "terminate called
-    # without an active exception") while its worker threads still hold tensors
-    torch.distributed.destroy_process_group()
+    # as recipes.fit ends: past a gloo group, the interpreter's teardown can abort the rank (recipes.shutdown)
+    destroy_process_group()
+    exit_process(0)
 
 
 def _free_port() -> int:
