@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 NOISE = ("gpuGetDeviceCount failed", "USDT:", "SyncActivityProfilerHandler")
 
 SCRIPT = r'''
-import os, sys
+import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -39,11 +39,11 @@ def rank(r):
             dist.all_reduce(t)
         gloo = [e.key for e in prof.key_averages() if e.key.lower().startswith("gloo:")]
         assert gloo and t.tolist() == [2.0] * 4, (gloo, t)
-    dist.destroy_process_group()
-    # skip the interpreter's teardown: torch's profiler/gloo threads sometimes abort a process there
-    # ("terminate called without an active exception"), which is not what this test is about
-    sys.stdout.flush(); sys.stderr.flush()
-    os._exit(0)
+    # as recipes.fit ends: the interpreter's teardown past a gloo group sometimes aborts a process ("terminate
+    # called without an active exception"), which is not what this test is about
+    from recipes.shutdown import destroy_process_group, exit_process
+    destroy_process_group()
+    exit_process(0)
 
 if __name__ == "__main__":
     mp.spawn(rank, nprocs=2)
