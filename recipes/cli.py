@@ -617,6 +617,21 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     back), SIGTERM and SIGINT unwind the process: nothing is left half-written, the MLflow run (if one
     was opened) is marked KILLED, and the exit code is 75 (relaunch to resume) or 130 (Ctrl-C).
     """
+    code = _run_cli(args, **kwargs)
+    return rank_exit_code(code, launched_by_parent())
+
+
+def rank_exit_code(code: int, launched_by_parent: bool) -> int:
+    """The exit code a rank reports: 0 for an orderly stop (75, 130) of a rank Lightning's launcher started.
+
+    The launching process reports the stop to whoever relaunches; its launcher SIGKILLs every rank, itself
+    included, when a rank it started exits non-zero (Lightning's ``_ChildProcessObserver``), which turned
+    the launching process's 75 into -9 whenever that rank ended first.
+    """
+    return 0 if launched_by_parent and code in (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE) else code
+
+
+def _run_cli(args: list[str] | None, **kwargs: Any) -> int:
     quiet_known_noise()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):

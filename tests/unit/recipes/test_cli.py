@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from recipes.cli import parse_error_message, refused_changes, resumable_change
+from recipes.cli import parse_error_message, rank_exit_code, refused_changes, resumable_change
 
 MAX_EPOCHS = ('Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n  Subtypes: '
               "[<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n    - Expected a "
@@ -163,3 +165,29 @@ def test_without_the_nvml_check_a_step_no_longer_asks_nvml(monkeypatch: pytest.M
             torch.accelerator.current_accelerator(check_available=True)
         asked_without = len(calls) - before
     assert (asked_with, asked_without) == (3, 0)
+
+
+@pytest.mark.parametrize(("code", "launched_by_parent", "expected"), [
+    (75, True, 0), (130, True, 0),  # an orderly stop of a further rank: its launching process reports it
+    (75, False, 75), (130, False, 130), (0, True, 0),
+    (1, True, 1), (2, True, 2),  # a failure still fails the rank, and Lightning's launcher stops the others
+])
+def test_rank_exit_code(code: int, launched_by_parent: bool, expected: int) -> None:
+    assert rank_exit_code(code, launched_by_parent) == expected
+
+
+@pytest.mark.parametrize("stop_code", [75, 130])
+def test_a_further_rank_stopping_in_order_leaves_the_launching_process_alive(stop_code: int) -> None:
+    """Lightning's real observer over a rank that stopped in order (CI saw the launching process's 75 become -9)."""
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    launching = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    rank = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({rank_exit_code(stop_code, True)})"])
+    try:
+        rank.wait(timeout=30)
+        observer = _ChildProcessObserver(main_pid=launching.pid, child_processes=[rank], sleep_period=0)
+        assert observer._run() is True  # done watching: every rank it started ended with 0
+        assert launching.poll() is None  # not SIGKILLed
+    finally:
+        launching.kill()
+        launching.wait()
