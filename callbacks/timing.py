@@ -176,9 +176,11 @@ class StepTiming(Callback):
         calibrate_comm: calibrate the all-reduce model at train start (only when world size > 1).
         profile_steps: FSDP only: steps after warm-up profiled for collective time (0: none).
         plot: write and log ``time_breakdown.png`` at train end.
-        comm_hook, powersgd_rank, powersgd_start_iter: deprecated, kept so that the recorded configs of
-            earlier runs still load and reproduce: compression is
-            :class:`callbacks.compression.GradientCompression`'s (``method``, ``powersgd_rank``, ...).
+        comm_hook: deprecated, kept so that the recorded configs of earlier runs still load and
+            reproduce: compression is :class:`callbacks.compression.GradientCompression`'s (``method``,
+            ``powersgd_rank``, ...).
+        powersgd_rank: deprecated, as ``comm_hook``.
+        powersgd_start_iter: deprecated, as ``comm_hook``.
 
     Raises:
         ValueError: for an out-of-range number or an unknown ``comm_hook`` (the message names it).
