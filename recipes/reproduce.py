@@ -17,7 +17,15 @@ Examples::
 Bitwise-equal metrics need ``trainer.deterministic: true`` in the run's config, the same code,
 software and data, and the same device kind and count. Exit status: 0 every compared metric within
 ``--tolerance`` (default 0: identical); 1 differences (printed); the rerun's own status when it failed;
-2 bad input (an unknown run, or a run without the config/manifest artifacts).
+2 bad input (an unknown run, a run without the config/manifest artifacts, or a record that names code the
+project's own configs do not use).
+
+A run's record is untrusted input: a shared tracking store is written by a whole team. Its ``config.yaml``
+is read with YAML's safe loader, every class or callable it names must come from the project's packages or
+the library types the fit parser's signatures take (:data:`TRUSTED_IMPORTS`; nothing else is imported), and
+it is then parsed, not instantiated, by the fit parser itself, which checks each ``class_path`` against the
+type its place allows (a ``LightningModule`` for ``model``, a ``LightningDataModule`` for ``data``, ...). Only
+a record that passes is built (its datamodule, for the data fingerprint) or rerun, ``--dry_run`` or not.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib
+import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -52,14 +62,25 @@ from recipes.common import (
     tracking_uri,
 )
 
-__all__ = ["DEFAULT_IGNORE", "MetricDiff", "compare_metrics", "fetch_record", "main", "manifest_differences",
-           "rerun_config"]
+__all__ = ["DEFAULT_IGNORE", "TRUSTED_IMPORTS", "MetricDiff", "check_record", "compare_metrics", "fetch_record",
+           "main", "manifest_differences", "parse_record", "rerun_config", "untrusted_names"]
 
 #: Metric name patterns (fnmatch) that depend on timing or the machine, not on the training's numbers.
 DEFAULT_IGNORE = ("system/*", "time/*", "comm/*", "amdahl/*", "cost/*", "throughput/*", "*per_sec*", "*/time",
                   "*mfu*", "*_s", "validate/*", "train/device/*",
                   "spot/*")  # interruptions the machine had; a resumed run ends bitwise equal without them
 TAG = REPRODUCES_TAG
+
+#: Where a class or callable named by a run's record may come from: the project's packages and the library
+#: types that the fit parser's signatures take (optimizers, schedulers, Lightning callbacks, strategies,
+#: plugins, DDP comm hooks). A record naming anything else is refused before anything is imported.
+TRUSTED_IMPORTS = ("recipes.", "callbacks.", "datamodules.", "torch.optim.", "torch.nn.",
+                   "torch.distributed.algorithms.ddp_comm_hooks.", "lightning.pytorch.callbacks.",
+                   "lightning.pytorch.strategies.", "lightning.pytorch.plugins.", "lightning.pytorch.accelerators.",
+                   "lightning.pytorch.profilers.")
+#: Trusted packages' types that run whatever callables they are given: refused in a record.
+REFUSED_IMPORTS = ("lightning.pytorch.callbacks.LambdaCallback", "lightning.pytorch.callbacks.lambda_function.")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
 @dataclass
@@ -104,9 +125,102 @@ def fetch_record(client: mlflow.MlflowClient, run_id: str, dst: Path) -> tuple[R
         except (MlflowException, OSError) as err:
             raise UsageError(f"run {run_id} has no {name} artifact (was it started by python -m recipes.fit?): "
                              f"{err}") from err
-    config = yaml.safe_load(found["config.yaml"].read_text())
-    manifest = json.loads(found["manifest.json"].read_text())
+    try:
+        config = yaml.safe_load(found["config.yaml"].read_text())
+        manifest = json.loads(found["manifest.json"].read_text())
+    except (yaml.YAMLError, ValueError, UnicodeDecodeError) as err:  # a !!python/... tag, or not YAML/JSON at all
+        first = " ".join(str(err).split())[:200]
+        raise UsageError(f"run {run_id}'s record is not plain YAML/JSON ({type(err).__name__}: {first}); "
+                         "nothing of it was run.") from None
+    if not isinstance(config, dict) or not isinstance(manifest, dict):
+        raise UsageError(f"run {run_id}'s config.yaml and manifest.json must each hold a mapping; nothing was run.")
+    check_record(config, run_id)
     return run, config, manifest
+
+
+def _trusted(name: str) -> bool:
+    return name.startswith(TRUSTED_IMPORTS) and not (name in REFUSED_IMPORTS or name.startswith(REFUSED_IMPORTS))
+
+
+def untrusted_names(config: Any, where: str = "") -> list[str]:
+    """``"key: name"`` for every class or callable the config names from outside :data:`TRUSTED_IMPORTS`.
+
+    Every ``class_path`` counts, and every other string that reads as an import path of an installed
+    module (``os.system`` given where a callable is expected). Nothing is imported: top-level modules are
+    only looked up (``importlib.util.find_spec``, which runs no module code).
+    """
+    found: list[str] = []
+    if isinstance(config, dict):
+        for key, value in config.items():
+            here = f"{where}.{key}" if where else str(key)
+            if key == "class_path" and not (isinstance(value, str) and _DOTTED.fullmatch(value) and _trusted(value)):
+                found.append(f"{here}: {value!r}")
+            else:
+                found += untrusted_names(value, here)
+    elif isinstance(config, (list, tuple)):
+        for index, value in enumerate(config):
+            found += untrusted_names(value, f"{where}[{index}]")
+    elif isinstance(config, str) and _DOTTED.fullmatch(config) and not _trusted(config):
+        try:
+            importable = importlib.util.find_spec(config.split(".", 1)[0]) is not None
+        except (ImportError, ValueError):
+            importable = False
+        if importable:
+            found.append(f"{where}: {config!r}")
+    return found
+
+
+class _Parsed(Exception):
+    """Raised by :class:`_RecordParser` once the fit parser has checked the record, before anything is built."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__("parsed")
+        self.config = config
+
+
+def parse_record(config: dict[str, Any]) -> Any:
+    """The record parsed (types checked, nothing instantiated) by ``recipes.fit``'s own parser.
+
+    Each ``class_path`` must be a subclass of the type its place allows, as for ``recipes.fit --config``.
+    Call only on a config :func:`untrusted_names` passed: the parser imports the classes it checks.
+
+    Raises:
+        UsageError: the parser refuses the record (the key and value it names).
+    """
+    from recipes.cli import AtscaleCLI, parse_error_message  # torch and Lightning: only for a record being used
+
+    class _RecordParser(AtscaleCLI):
+        def before_instantiate_classes(self) -> None:
+            raise _Parsed(self.config)
+
+    record = {k: v for k, v in config.items() if k != "config"}
+    record["ckpt_path"] = None  # nothing of the record's is loaded here
+    try:
+        _RecordParser(args=record, parser_kwargs={"exit_on_error": False})
+    except _Parsed as parsed:
+        return parsed.config
+    except (argparse.ArgumentError, TypeError, ValueError) as err:
+        raise UsageError(f"the record's config.yaml does not parse as a recipes.fit config: "
+                         f"{parse_error_message(str(err))}") from None
+    raise UsageError("the record's config.yaml did not reach the parser's end")  # pragma: no cover
+
+
+def check_record(config: dict[str, Any], run_id: str = "the run") -> None:
+    """Refuse (:class:`UsageError`) a record that names code outside the project's, or does not parse as a config.
+
+    Nothing the record names is imported before its names pass :func:`untrusted_names`, and nothing
+    is instantiated here.
+    """
+    bad = untrusted_names(config)
+    if bad:
+        shown = "; ".join(bad[:3]) + (f"; ... ({len(bad) - 3} more)" if len(bad) > 3 else "")
+        allowed = ", ".join(prefix.rstrip(".") for prefix in TRUSTED_IMPORTS)
+        raise UsageError(f"run {run_id}'s config.yaml names code from outside the project ({shown}); a record from "
+                         f"a tracking store is untrusted and may name only {allowed}. Nothing was imported or run.")
+    try:
+        parse_record(config)
+    except UsageError as err:
+        raise UsageError(f"run {run_id}: {err}. Nothing was run.") from None
 
 
 def data_fingerprint_here(config: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -115,9 +229,15 @@ def data_fingerprint_here(config: dict[str, Any]) -> tuple[str | None, str | Non
     class_path = data.get("class_path") if isinstance(data, dict) else None
     if not class_path:
         return None, "the config names no datamodule class"
+    if untrusted_names({"class_path": class_path}):  # callers check the whole record first; never build code else
+        return None, f"{class_path} is not one of the project's datamodules"
     try:
+        from lightning.pytorch import LightningDataModule
+
         module_name, _, class_name = class_path.rpartition(".")
         cls = getattr(importlib.import_module(module_name), class_name)
+        if not (isinstance(cls, type) and issubclass(cls, LightningDataModule)):
+            return None, f"{class_path} is not a LightningDataModule"
         datamodule = cls(**(data.get("init_args") or {}))
         if not hasattr(datamodule, "fingerprint"):
             return None, f"{class_name} has no fingerprint()"
@@ -171,7 +291,7 @@ def manifest_differences(original: dict[str, Any], here: dict[str, Any]) -> list
 
 def rerun_config(config: dict[str, Any], run_name: str, runs_root: str | None) -> dict[str, Any]:
     """The run's config as a fresh run named ``run_name``: its own directories, nothing resumed."""
-    out = dict(config)
+    out = {k: v for k, v in config.items() if k != "config"}  # the original's --config paths: not read again
     out.update({"run_name": run_name, "fresh": True, "ckpt_path": None})
     if runs_root is not None:
         out["runs_root"] = runs_root
@@ -271,6 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
         print(f"error: --tolerance {args.tolerance} must be a finite number >= 0.", file=sys.stderr)
         return USAGE_EXIT_CODE
+    quiet = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR" not in os.environ
+    if quiet:  # two small files: no progress bars around the one-line answers
+        os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        return _main(args)
+    finally:
+        if quiet:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+
+
+def _main(args: argparse.Namespace) -> int:
     uri = tracking_uri()
     ignore = (*DEFAULT_IGNORE, *args.ignore)
     with tempfile.TemporaryDirectory(prefix="atscale-reproduce-") as tmp:
