@@ -555,7 +555,9 @@ def quiet_known_noise() -> None:
     - Lightning's seed announcement (the seed is in config.yaml and the params) and its litlogger tip;
     - MLflow's INFO lines about its system-metrics thread and database setup;
     - deprecation warnings that Lightning 2.6 and torchdata raise from their own code on every run
-      (``LeafSpec``, ``set_vital``), which a user cannot act on.
+      (``LeafSpec``, ``set_vital``), which a user cannot act on;
+    - ModelCheckpoint's "Checkpoint directory ... exists and is not empty" on every resume: the directory
+      holds the run's own checkpoints (``--fresh true`` sets them aside).
     """
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLines("💡 Tip:"))
@@ -563,6 +565,7 @@ def quiet_known_noise() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated")
     warnings.filterwarnings("ignore", message=r".*'set_vital' is deprecated")
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
 def parse_error_message(message: str) -> str:
