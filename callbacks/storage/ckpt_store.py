@@ -313,6 +313,7 @@ def newest_good(directory: str | os.PathLike, pattern: str = "*") -> CheckpointR
 def remove(path: str | os.PathLike) -> None:
     """Delete a checkpoint and its record (the record first, so a half-deleted one is never good)."""
     path = Path(path)
+    _verified.pop(path, None)
     meta_path(path).unlink(missing_ok=True)
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
@@ -320,18 +321,52 @@ def remove(path: str | os.PathLike) -> None:
         path.unlink(missing_ok=True)
 
 
-def prune(directory: str | os.PathLike, pattern: str, keep: int) -> list[Path]:
-    """Keep the ``keep`` newest good checkpoints matching ``pattern``; delete older ones and debris.
+#: ``{path: (stat of the checkpoint's files and record)}`` of checkpoints this process verified fully: a
+#: prune re-verifies only what changed since (a write, or ``touch``, changes ``st_ctime_ns``).
+_verified: dict[Path, tuple[Any, ...]] = {}
 
-    Debris is a checkpoint of the pattern without a record that is older than the newest good one
-    (an interrupted save). Returns what was deleted.
+
+def _stat_key(path: Path) -> tuple[Any, ...]:
+    files = _dir_files(path) if path.is_dir() else [path]
+    return tuple((f.as_posix(), s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+                 for f in [*files, meta_path(path)] for s in [f.stat()])
+
+
+def verified_record(path: str | os.PathLike) -> CheckpointRecord | None:
+    """:func:`read_record` with full verification, remembered while the files stay as they were."""
+    path = Path(path)
+    try:
+        key = _stat_key(path)
+    except OSError:
+        return read_record(path)  # missing or unreadable: read_record says which
+    record = read_record(path, verify_hash=_verified.get(path) != key)
+    if record is None:
+        _verified.pop(path, None)
+    else:
+        _verified[path] = key
+    return record
+
+
+def prune(directory: str | os.PathLike, pattern: str, keep: int) -> list[Path]:
+    """Keep the ``keep`` newest checkpoints matching ``pattern`` that verify; delete older ones and debris.
+
+    A checkpoint counts as one of the ``keep`` only if it verifies fully (SHA-256 and a safe load, see
+    :func:`read_record`): a forged or same-size-corrupt newest one is not counted, so the good ones
+    behind it stay. Such a checkpoint is left in place (lookups skip it with a warning) for a person
+    to inspect. Debris is a checkpoint of the pattern without a record that is older than the newest
+    kept one (an interrupted save). Returns what was deleted.
     """
     directory = Path(directory)
-    good = [p for p in candidates(directory, pattern) if read_record(p, verify_hash=False) is not None]
+    good: list[Path] = []
     removed = []
-    for path in good[keep:]:
-        remove(path)
-        removed.append(path)
+    for path in candidates(directory, pattern):
+        if len(good) >= keep:  # beyond the kept ones: deleted, verified or not (nothing will load them)
+            if read_record(path, verify_hash=False) is not None:
+                remove(path)
+                removed.append(path)
+            continue
+        if verified_record(path) is not None:
+            good.append(path)
     if not good:
         return removed
     try:
