@@ -469,7 +469,8 @@ class SpotCheckpoint(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.mlflow_run_id = state_dict.get("mlflow_run_id") or self.mlflow_run_id
+        # the run this fit logs to (set in setup) wins: a checkpoint of another run never names this one's records
+        self.mlflow_run_id = self.mlflow_run_id or state_dict.get("mlflow_run_id")
         self.interruptions = int(state_dict.get("interruptions", 0))
         self.drills_fired = set(state_dict.get("drills_fired", []))
 

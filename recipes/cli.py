@@ -72,10 +72,13 @@ from recipes.run_callbacks import RelocateCheckpointState, TrackedConfig, Upload
 from recipes.run_context import (  # noqa: F401 (re-exported)
     RESUMABLE_CHANGES,
     RunContext,
+    check_location,
+    check_name,
     default_run_name,
     flatten,
     global_rank_from_env,
     launched_by_parent,
+    mlflow_run_of,
     refused_changes,
     resolve_resume,
     resumable_change,
@@ -273,7 +276,12 @@ class AtscaleCLI(LightningCLI):
         apply_cpu_threads(cfg.get("cpu_threads", "auto"))
         experiment = cfg.experiment
         inherited = os.environ.get(ENV_RUN_NAME) if launched_by_parent() else None
-        run_name = cfg.run_name or inherited or default_run_name()
+        run_name = cfg.run_name if cfg.run_name is not None else (inherited or default_run_name())
+        # names are directories under the runs root: they must stay inside it; URLs carry no credentials
+        check_name("--experiment", experiment)
+        check_name("--run_name", run_name)
+        for flag in ("runs_root", "staging_root", "ckpt_path"):
+            check_location(f"--{flag}", cfg.get(flag))
         run_url = None
         if remote_store.is_remote(cfg.runs_root):
             run_url = remote_store.join(cfg.runs_root, experiment, run_name)
@@ -297,8 +305,9 @@ class AtscaleCLI(LightningCLI):
         ckpt_path, run_id = resolve_resume(cfg, self.context)
         if not launched_by_parent() and not cfg.fresh:
             client = mlflow.MlflowClient(tracking_uri)
-            # killed before its first checkpoint: the run's MLflow record still exists and is continued
-            run_id = run_id or tracking.find_run(client, experiment, self.context.identity)
+            # the run's own MLflow record (also of a run killed before its first checkpoint), never the one
+            # a checkpoint of another run names
+            run_id = mlflow_run_of(client, self.context, ckpt_path, run_id, explicit=bool(cfg.ckpt_path))
             if run_id:
                 self._refuse_ignored_changes(client, run_id, cfg)
                 if ckpt_path and not cfg.ckpt_path:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import time
@@ -31,6 +32,7 @@ from jsonargparse import Namespace
 from callbacks.storage import ckpt_store, remote_store
 from callbacks.storage.remote_store import RemoteCheckpoints, StoreError
 from callbacks.utils.steps_file import PROGRESS_FILE
+from recipes import tracking
 from recipes.common import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_PARENT_RUN_ID, ENV_RUN_NAME, ENV_RUN_TAGS, UsageError
 from recipes.tracking import redact
 
@@ -81,6 +83,38 @@ class RunContext:
         if self.run_url is None:
             return None
         return RemoteCheckpoints(remote_store.join(self.run_url, "checkpoints"), self.checkpoint_dir)
+
+
+#: What a run or experiment name may be: one path component that stays where it is put (``<runs_root>/<experiment>/
+#: <run_name>``, locally and in object storage): a letter or digit, then letters, digits and ``. _ - + = @``.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,127}")
+NAME_RULE = ("one name of 1-128 letters, digits and . _ - + = @, starting with a letter or digit (no '/', no '..': "
+             "it names a directory inside the runs root)")
+
+
+def check_name(flag: str, value: object) -> str:
+    """``value`` if it is a valid run or experiment name (:data:`NAME_PATTERN`), else :class:`UsageError` naming it.
+
+    The names become directories under the runs root: ``/``, ``..``, ``.`` or an empty name would
+    write outside it, into the filesystem root or the working directory, or make the experiment's own
+    folder a run directory.
+    """
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise UsageError(f"{flag} {value!r} is not a valid name: expected {NAME_RULE}.")
+    return value
+
+
+def check_location(flag: str, value: object) -> None:
+    """Refuse (:class:`UsageError`) a storage URL with credentials in it (``file://user:password@host/...``).
+
+    A location is stored with the run (params, tags, ``config.yaml``) and printed; the credentials
+    would be too. Object stores take theirs from their own configuration (``AWS_ACCESS_KEY_ID`` and
+    ``AWS_SECRET_ACCESS_KEY``, ``GOOGLE_APPLICATION_CREDENTIALS``, ``AZURE_STORAGE_*``).
+    """
+    if isinstance(value, str) and tracking.has_credentials(value):
+        raise UsageError(f"{flag} {redact(value)}: credentials in a storage URL would be stored with the run and "
+                         "printed; give them through the store's own configuration (e.g. AWS_ACCESS_KEY_ID and "
+                         "AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS), not in the URL.")
 
 
 def global_rank_from_env() -> int:
@@ -231,3 +265,53 @@ def explicit_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> tuple[str, str 
     if problem:
         raise UsageError(f"--ckpt_path {ckpt_path} is not a checkpoint this run can load ({problem}).")
     return str(path), local.extra.get("mlflow_run_id") if local else None
+
+
+def _belongs(run: Any, ctx: RunContext) -> bool:
+    """Whether MLflow run ``run`` is the record of the run ``ctx`` describes (not merely one a checkpoint names)."""
+    tags = run.data.tags
+    if tracking.RUN_DIR_TAG in tags:
+        return tags[tracking.RUN_DIR_TAG] == ctx.identity
+    # a record of code older than the tag: the same experiment and run name
+    return tags.get("mlflow.runName") == ctx.run_name and getattr(run.info, "experiment_name", None) in (
+        None, ctx.experiment)
+
+
+def mlflow_run_of(client: Any, ctx: RunContext, ckpt_path: str | None, ckpt_run_id: str | None,
+                  explicit: bool) -> str | None:
+    """The MLflow run this launch continues: the run it is launched as, never another run's.
+
+    A checkpoint names the MLflow run that wrote it. That run is continued only if it is this run's own
+    record (its ``atscale.run_dir`` tag names this run's files); a checkpoint of another run (``--ckpt_path
+    runs/digits/cc/...`` launched as ``other``) starts or continues ``other``'s own record instead.
+    Otherwise the run's own record is found by its tag (a run killed before its first checkpoint), or
+    there is none and a new one is opened.
+
+    Raises:
+        UsageError: the newest checkpoint of this run directory was written by an MLflow run this tracking
+            store does not hold, and the store has no record of the run (launched against another store):
+            continuing silently would split the run's history and skip the config-change check.
+    """
+    from mlflow.exceptions import MlflowException
+
+    own = tracking.find_run(client, ctx.experiment, ctx.identity)
+    if ckpt_run_id is None or ckpt_run_id == own:
+        return own
+    try:
+        run = client.get_run(ckpt_run_id)
+    except MlflowException:
+        run = None
+    if run is not None and _belongs(run, ctx):
+        return ckpt_run_id
+    store = redact(ctx.tracking_uri)
+    if run is None and not explicit and own is None:
+        raise UsageError(
+            f"run {ctx.experiment}/{ctx.run_name} would resume from {ckpt_path}, written by MLflow run {ckpt_run_id}, "
+            f"which {store} does not hold (was it launched against another tracking store?). Set "
+            "MLFLOW_TRACKING_URI to the store that holds it; or pass --ckpt_path " f"{ckpt_path} to continue "
+            "training from it as a new MLflow run in this store; or --fresh true to start over.")
+    whose = "an MLflow run this store does not hold" if run is None else "another run's MLflow record"
+    target = f"its own MLflow run {own}" if own else f"a new MLflow run in {store}"
+    log.warning("--ckpt_path %s was written by %s (%s): %s/%s continues from it as %s.", ckpt_path, whose,
+                ckpt_run_id, ctx.experiment, ctx.run_name, target)
+    return own

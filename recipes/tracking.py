@@ -2,14 +2,17 @@
 
 - :func:`tracking_uri`: ``MLFLOW_TRACKING_URI`` (else ``sqlite:///mlflow.db``) without credentials; a
   ``user:password@`` in it moves to MLflow's own ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``
-  (HTTP basic auth), so the URI can be logged and printed.
+  (HTTP basic auth), a lone ``TOKEN@`` to ``MLFLOW_TRACKING_TOKEN`` (a bearer token), so the URI can be
+  logged and printed.
+- :func:`check_server`: an HTTP server answers its health endpoint, a database store (PostgreSQL, MySQL,
+  ...) answers a query; else one line naming the store, its password masked.
 - :func:`ensure_store`: a new sqlite store is created and migrated under a temporary name and then
   linked into place, so concurrent first launches do not race in MLflow's schema migration and a kill
   at any moment leaves either no store or a complete one (MLflow migrates a new store in place, and
   a half-migrated one refuses every later run).
 - :func:`find_run`: the MLflow run that a run directory belongs to, by the ``atscale.run_dir`` tag
   set when the run is created, so a relaunch after a kill before the first checkpoint continues it.
-- :func:`redact`: passwords in URLs replaced by ``***`` in any text that is stored or printed.
+- :func:`redact`: passwords and tokens in URLs replaced by ``***`` in any text that is stored or printed.
 
 Imports no torch or Lightning (the tools that do not train use it too).
 """
@@ -31,16 +34,28 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 #: Tag of an MLflow run naming where its files live (a local run directory or an object-storage URL).
 RUN_DIR_TAG = "atscale.run_dir"
 
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):(?P<password>[^/@\s]*)@")
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
 
 
 class TrackingError(Exception):
     """The tracking store cannot be used as configured (reported as one line, exit code 2)."""
 
 
+def _mask_userinfo(match: re.Match[str]) -> str:
+    user, colon, _ = match["userinfo"].partition(":")
+    # user:password -> user:***; a lone token (scheme://TOKEN@host) is all secret
+    return f"{match['scheme']}{user}:***@" if colon else f"{match['scheme']}***@"
+
+
 def redact(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` URL in it replaced by ``***``."""
-    return _URL_PASSWORD.sub(r"\g<head>:***@", text)
+    """``text`` with the secret of every URL in it replaced by ``***``: the password of ``scheme://user:password@``
+    and the whole of a token-only ``scheme://TOKEN@``."""
+    return _URL_USERINFO.sub(_mask_userinfo, text)
+
+
+def has_credentials(url: str) -> bool:
+    """Whether ``url`` carries credentials (``scheme://user[:password]@...``)."""
+    return _URL_USERINFO.match(url.strip()) is not None
 
 
 def redact_value(value: Any) -> Any:
@@ -66,8 +81,11 @@ def tracking_uri() -> str:
     if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
         return uri
     userinfo, host = parts.netloc.rsplit("@", 1)
-    user, _, password = userinfo.partition(":")
-    for key, value in (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password)):
+    user, colon, password = userinfo.partition(":")
+    # http://TOKEN@host (no colon) is a token, not a user name: sent as a bearer token, never a run's user
+    moved = (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password)) if colon else (
+        ("MLFLOW_TRACKING_TOKEN", user),)
+    for key, value in moved:
         if value and not os.environ.get(key):
             os.environ[key] = urllib.parse.unquote(value)
     clean = urllib.parse.urlunsplit(parts._replace(netloc=host))
@@ -75,8 +93,28 @@ def tracking_uri() -> str:
     return clean
 
 
+#: Tracking stores that are a database server (SQLAlchemy URIs): checked with one query before the run.
+DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+
+
+def check_database(uri: str) -> None:
+    """Fail early (one line, password masked) when a database tracking store cannot be queried."""
+    import mlflow
+
+    try:
+        mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+    except Exception as err:  # the driver's own errors (OperationalError, ImportError, ...): any of them
+        reason = " ".join(redact(str(err)).split())[:300] or type(err).__name__
+        raise TrackingError(f"MLflow tracking store {redact(uri)} cannot be used ({type(err).__name__}: {reason}); "
+                            "start the database or fix MLFLOW_TRACKING_URI.") from None
+
+
 def check_server(uri: str, timeout: float = 5.0) -> None:
-    """Fail early when an HTTP tracking server does not answer its health endpoint (with basic auth if set)."""
+    """Fail early when an HTTP tracking server does not answer its health endpoint (with basic auth or the
+    bearer token if set), or a database store does not answer a query."""
+    if uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES:
+        check_database(uri)
+        return
     if not uri.startswith(("http://", "https://")):
         return
     request = urllib.request.Request(f"{uri.rstrip('/')}/health")
@@ -84,6 +122,8 @@ def check_server(uri: str, timeout: float = 5.0) -> None:
     if user or password:
         token = base64.b64encode(f"{user or ''}:{password or ''}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
+    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             if response.status == 200:

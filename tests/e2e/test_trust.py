@@ -10,6 +10,8 @@ marker file the payload would create does not exist, not only the exit code.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import CONFIGS, cli_env, client_for, seed_mlflow_db
+from callbacks.storage import ckpt_store
+from tests.conftest import CONFIGS, FAST, cli_env, client_for, runs_of, seed_mlflow_db
 
 DIGITS = str(CONFIGS / "digits.yaml")
 
@@ -127,3 +130,152 @@ def test_reproduce_dry_run_accepts_the_projects_own_config(tracked: Path, capsys
     out = capsys.readouterr()
     assert f"Rerunning run {run_id} (victim) as 'again'" in out.out
     assert "data fingerprint: not computed here" not in out.err  # the project's datamodule is built, as before
+
+
+# ------------------------------------------------------------- in-process launches of recipes.fit
+
+
+@pytest.fixture
+def fit_here(tracked: Path, monkeypatch: pytest.MonkeyPatch):
+    """``recipes.cli.run_cli`` in this process, as ``python -m recipes.fit`` would run it in ``tracked``.
+
+    The CLI sets environment variables for the ranks it would start and takes SIGINT/SIGTERM: both are
+    put back after the test.
+    """
+    from recipes.cli import run_cli
+    from recipes.run_lock import RunLock
+
+    saved_env = dict(os.environ)
+    saved_handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    locks: list[RunLock] = []
+    acquire = RunLock.acquire
+
+    def acquire_and_remember(lock: RunLock) -> None:
+        acquire(lock)
+        locks.append(lock)
+
+    monkeypatch.setattr(RunLock, "acquire", acquire_and_remember)
+
+    def fit(*args: str) -> int:
+        code = run_cli(["--config", DIGITS, *FAST, "--log_model", "false", *args])
+        for lock in locks:  # released as at the process's end
+            lock.release()
+        return code
+
+    yield fit
+    os.environ.clear()
+    os.environ.update(saved_env)
+    for signum, handler in saved_handlers.items():
+        signal.signal(signum, handler)
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+# --------------------------------------------------------------- 2. names stay inside the runs root
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--run_name", "../.."),  # wrote .lock, config.yaml, manifest.json, checkpoints/ into the working directory
+    ("--run_name", "."),  # made the experiment's folder a run directory
+    ("--run_name", "a/../../b"),
+    ("--run_name", ""),
+    ("--experiment", "../../x"),  # wrote outside the runs root
+    ("--experiment", ""),  # a traceback
+])
+def test_a_name_that_leaves_the_runs_root_exits_2_naming_it(fit_here, tracked: Path, capsys: pytest.CaptureFixture,
+                                                           flag: str, value: str) -> None:
+    before = _tree(tracked.parent)
+    assert fit_here(flag, value, "--trainer.max_steps", "1") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {flag} {value!r} is not a valid name: expected one name of 1-128 letters, digits and "
+                   ". _ - + = @, starting with a letter or digit (no '/', no '..': it names a directory inside the "
+                   "runs root).")
+    assert _tree(tracked.parent) == before  # nothing written, in the runs root or beside it
+    assert runs_of(tracked, "digits") == []
+
+
+def test_the_root_as_a_run_name_is_refused_before_anything_is_written() -> None:
+    """``--run_name /`` wrote into the filesystem root as root: checked without launching (a regression would
+    write there again)."""
+    from recipes.common import UsageError
+    from recipes.run_context import check_name
+
+    for bad in ("/", "/etc", "..", "a\\..\\b", "x\0y", "a" * 129, " lead", "-flag"):
+        with pytest.raises(UsageError, match=r"is not a valid name: expected one name of 1-128"):
+            check_name("--run_name", bad)
+    for good in ("cc", "exp-42", "20261203-135519-ab12", "slurm-12-3", "orig-repro-20261203-1400", "lr=3e-4", "a.b"):
+        assert check_name("--run_name", good) == good
+
+
+# ----------------------------------------- 3. a checkpoint never takes over another run's MLflow record
+
+
+def test_ckpt_path_of_another_run_starts_this_runs_own_record(fit_here, tracked: Path, capsys: pytest.CaptureFixture,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    assert fit_here("--run_name", "cc", "--trainer.max_steps", "11") == 0
+    client = client_for(tracked)
+    (cc,) = runs_of(tracked, "digits")
+    client.set_terminated(cc.info.run_id, "KILLED")  # as a run stopped at step 11 of 90 is
+    cc = client.get_run(cc.info.run_id)
+    ckpt = tracked / "runs/digits/cc/checkpoints/step=00000011.ckpt"
+    assert ckpt.exists()
+    capsys.readouterr()
+
+    assert fit_here("--run_name", "other", "--ckpt_path", str(ckpt), "--trainer.max_steps", "13") == 0
+    runs = {r.info.run_name: r for r in runs_of(tracked, "digits")}
+    assert set(runs) == {"cc", "other"}
+    after = runs["cc"]
+    assert (after.info.status, after.info.end_time) == ("KILLED", cc.info.end_time)  # cc's record untouched
+    assert after.data.metrics == cc.data.metrics
+    other = runs["other"]
+    assert other.info.status == "FINISHED"
+    assert other.data.tags["atscale.run_dir"] == str((tracked / "runs/digits/other").resolve())
+    assert client.get_metric_history(cc.info.run_id, "epoch")[-1].step < 11
+    # other's own checkpoints name other's record, never cc's
+    assert ckpt_store.newest_good(tracked / "runs/digits/other/checkpoints").extra["mlflow_run_id"] == \
+        other.info.run_id
+    assert f"was written by another run's MLflow record ({cc.info.run_id}): digits/other continues from it as a " \
+           "new MLflow run in sqlite:///" in caplog.text
+
+    # relaunching cc continues cc (it ran 11 of its steps), it is not "already complete"
+    assert fit_here("--run_name", "cc", "--trainer.max_steps", "12") == 0
+    out = capsys.readouterr()
+    assert "already complete" not in out.out
+    assert client.get_run(cc.info.run_id).info.status == "FINISHED"
+    assert len(runs_of(tracked, "digits")) == 2
+
+
+# ------------------------------------------------------------ 5. resume against a store without the run
+
+
+def test_resume_against_a_store_without_the_run_says_so_in_one_line(fit_here, tracked: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    assert fit_here("--run_name", "r", "--trainer.max_steps", "3") == 0
+    (first,) = runs_of(tracked, "digits")
+    other_store = tracked / "other"
+    other_store.mkdir()
+    seed_mlflow_db(other_store)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other_store / 'mlflow.db'}")
+    capsys.readouterr()
+
+    assert fit_here("--run_name", "r", "--trainer.max_steps", "4") == 2
+    err = capsys.readouterr().err.strip()
+    ckpt = "runs/digits/r/checkpoints/step=00000003.ckpt"
+    assert err.splitlines()[-1] == (
+        f"error: run digits/r would resume from {ckpt}, written by MLflow run {first.info.run_id}, which "
+        f"sqlite:///{other_store / 'mlflow.db'} does not hold (was it launched against another tracking store?). "
+        f"Set MLFLOW_TRACKING_URI to the store that holds it; or pass --ckpt_path {ckpt} to continue training from "
+        "it as a new MLflow run in this store; or --fresh true to start over.")
+    assert runs_of(other_store, "digits") == []
+
+    # the way out it names: the checkpoint continues as this store's new record of the run
+    assert fit_here("--run_name", "r", "--ckpt_path", ckpt, "--trainer.max_steps", "4") == 0
+    (moved,) = runs_of(other_store, "digits")
+    assert moved.info.status == "FINISHED" and moved.info.run_name == "r"
+    assert moved.data.tags["atscale.run_dir"] == str((tracked / "runs/digits/r").resolve())
+    record = ckpt_store.newest_good(tracked / "runs/digits/r/checkpoints")
+    assert (record.global_step, record.extra["mlflow_run_id"]) == (4, moved.info.run_id)
+    assert client_for(tracked).get_run(first.info.run_id).info.status == "FINISHED"
