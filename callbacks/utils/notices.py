@@ -12,7 +12,8 @@ Azure     >= 30 s  ``GET /metadata/scheduledevents?api-version=2020-07-01`` with
 
 The poller only calls ``on_notice``; what to do about a notice (agree across ranks, save, stop)
 is the spot callback's business. An unreachable endpoint never raises into training: requests
-have short timeouts, failures back off exponentially, and only the first one is reported.
+have short timeouts, failures back off exponentially, and only the first one is reported (credentials
+in the URL, ``http://user:password@host``, are sent as HTTP basic auth and never printed).
 :class:`SignalNotices` turns SIGTERM/SIGUSR1/SIGINT into the same kind of notice, and
 :func:`requeue_slurm_job` puts a SLURM job back in the queue after its notice save.
 No Lightning import; the standard library is all it needs.
@@ -20,14 +21,17 @@ No Lightning import; the standard library is all it needs.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,9 +59,33 @@ class Notice:
     detail: str
 
 
+def split_credentials(url: str) -> tuple[str, dict[str, str]]:
+    """``http://user:password@host/...`` -> ``("http://host/...", {"Authorization": "Basic ..."})``.
+
+    urllib cannot open a URL with credentials in it (it reads ``user:password@host`` as the host); they
+    travel as HTTP basic auth instead. A URL without credentials comes back as it is, with no header.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, {}
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    token = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()).decode()
+    return urllib.parse.urlunsplit(parts._replace(netloc=host)), {"Authorization": f"Basic {token}"}
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it (``scheme://user:password@``, ``scheme://TOKEN@``) masked."""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}***@", text)
+
+
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
 def _request(url: str, method: str = "GET", headers: dict[str, str] | None = None,
              timeout: float = 1.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, method=method, headers=headers or {})
+    url, auth = split_credentials(url)
+    req = urllib.request.Request(url, method=method, headers={**(headers or {}), **auth})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as response:
             return response.status, response.read()
@@ -184,9 +212,9 @@ class NoticePoller:
             try:
                 notice = check(self.base_url, self.timeout_s)
             except (OSError, ValueError, ConnectionError) as err:
-                if self.failures == 0:
+                if self.failures == 0:  # the URL may carry credentials: never printed
                     log.warning("%s interruption notices unavailable at %s (%s); retrying with backoff.",
-                                self.provider, self.base_url, err)
+                                self.provider, without_credentials(self.base_url), without_credentials(str(err)))
                 self.failures += 1
                 wait = min(max(wait, self.interval_s) * 2, self.max_backoff_s)
             else:

@@ -279,3 +279,107 @@ def test_resume_against_a_store_without_the_run_says_so_in_one_line(fit_here, tr
     record = ckpt_store.newest_good(tracked / "runs/digits/r/checkpoints")
     assert (record.global_step, record.extra["mlflow_run_id"]) == (4, moved.info.run_id)
     assert client_for(tracked).get_run(first.info.run_id).info.status == "FINISHED"
+
+
+# ------------------------------------------------------------------------ 4. no secret printed or stored
+
+
+class _MetadataServer:
+    """GCP's ``instance/preempted`` on 127.0.0.1, answering ``FALSE`` to requests with basic auth bob:PASSWORD."""
+
+    def __init__(self) -> None:
+        import base64
+        import http.server
+        import threading
+
+        self.authorized = 0
+        self.refused = 0
+        want = "Basic " + base64.b64encode(b"bob:PASSWORD").decode()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                ok = self.headers.get("Authorization") == want and self.path.endswith("/instance/preempted")
+                if ok:
+                    outer.authorized += 1
+                else:
+                    outer.refused += 1
+                self.send_response(200 if ok else 401)
+                self.end_headers()
+                self.wfile.write(b"FALSE" if ok else b"")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_metadata_url_credentials_are_sent_as_basic_auth_and_never_printed() -> None:
+    from callbacks.utils.notices import NoticePoller, check_gcp
+
+    server = _MetadataServer()
+    try:
+        url = f"http://bob:PASSWORD@127.0.0.1:{server.port}"
+        assert check_gcp(url, timeout=5) is None  # the URL resolves, with its credentials as basic auth
+        seen: list = []
+        poller = NoticePoller("gcp", seen.append, base_url=url, interval_s=0.05)
+        poller.start()
+        time.sleep(0.5)
+        poller.stop()
+        assert (server.refused, poller.failures, seen) == (0, 0, [])
+        assert server.authorized >= 2
+    finally:
+        server.close()
+
+
+def test_spot_metadata_url_password_is_never_printed_or_stored(fit_here, tracked: Path, capsys: pytest.CaptureFixture,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    from tests.servers import free_port
+
+    url = f"http://bob:PASSWORD@127.0.0.1:{free_port()}"  # nothing listens: the warning is printed
+    assert fit_here("--run_name", "spotty", "--trainer.max_steps", "3", "--spot.provider", "gcp",
+                    "--spot.metadata_url", url, "--spot.metadata_timeout_s", "0.2") == 0
+    out = capsys.readouterr()
+    assert "gcp interruption notices unavailable at http://***@127.0.0.1:" in caplog.text
+    (run,) = runs_of(tracked, "digits")
+    stored = [*run.data.params.values(), *run.data.tags.values(),
+              (tracked / "runs/digits/spotty/config.yaml").read_text()]
+    assert run.data.params["spot.metadata_url"] == url.replace("PASSWORD", "***")
+    for text in (out.out, out.err, caplog.text, *stored):
+        assert "PASSWORD" not in text
+
+
+def test_runs_root_with_credentials_exits_2_and_creates_nothing(fit_here, tracked: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    before = _tree(tracked)
+    root = f"file://u:PASSWORD@localhost{tracked}/runs"
+    assert fit_here("--runs_root", root, "--trainer.max_steps", "1") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: --runs_root file://u:***@localhost{tracked}/runs: credentials in a storage URL would be "
+                   "stored with the run and printed; give them through the store's own configuration (e.g. "
+                   "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS), not in the URL.")
+    assert _tree(tracked) == before
+    assert runs_of(tracked, "digits") == []
+
+
+def test_unreachable_database_store_exits_2_in_one_line_with_its_password_masked(
+        fit_here, tracked: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from tests.servers import free_port
+
+    port = free_port()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"postgresql://user:S3CRETpw@127.0.0.1:{port}/mlflow")
+    assert fit_here("--run_name", "db", "--trainer.max_steps", "1") == 2
+    out = capsys.readouterr()
+    (line,) = out.err.strip().splitlines()
+    assert line.startswith(f"error: MLflow tracking store postgresql://user:***@127.0.0.1:{port}/mlflow cannot be "
+                           "used (")
+    assert line.endswith("start the database or fix MLFLOW_TRACKING_URI.")
+    assert "S3CRETpw" not in out.out + out.err
+    assert not (tracked / "runs/digits/db").exists()
