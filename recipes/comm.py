@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     try:
         args = build_parser().parse_args(argv)
-        params = _number("--params", args.params)
+        params = _number("--params", args.params, strict=True)
         bytes_per_param = _bytes_per_param(args.bytes_per_param)
         bandwidth_gbps = _number("--bandwidth-gbps", args.bandwidth_gbps, strict=True)
         latency_us = _number("--latency-us", args.latency_us)
@@ -145,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         topk = _number("--topk-ratio", args.topk_ratio, strict=True)
         if topk > 1:
             raise UsageError(f"--topk-ratio: {args.topk_ratio!r} must be in (0, 1]")
+        if not math.isfinite(params * bytes_per_param):
+            raise UsageError(f"--params {args.params} x --bytes-per-param {args.bytes_per_param} bytes overflow a "
+                             "float: give a real model size (e.g. 1.5e9)")
     except UsageError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
@@ -171,8 +174,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "powersgd_ratio": ratio,
         "topk_ratio": topk,
     }
+    overflowed = sorted({k for row in rows for k, v in row.items() if not math.isfinite(v)})
+    if overflowed:  # the bytes fit a float, a time or saving computed from them does not
+        print(f"{PROG}: error: --params {args.params} with --bandwidth-gbps {args.bandwidth_gbps} and --latency-us "
+              f"{args.latency_us} overflow a float in {', '.join(overflowed)}: give a real model size and link",
+              file=sys.stderr)
+        return 2
     if args.json:
-        print(json.dumps({"inputs": inputs, "rows": rows}, indent=2))
+        print(json.dumps({"inputs": inputs, "rows": rows}, indent=2, allow_nan=False))
     else:
         _print_table(inputs, rows)
     return 0

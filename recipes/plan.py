@@ -995,7 +995,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = err.args[0] if err.args else str(err)
         print(f"error: {message}", file=sys.stderr)
         return 2
-    result = plan(inputs)
+    try:
+        result = plan(inputs)
+    except ValueError as err:  # inputs each valid whose products overflow (a step time of 1e308 s)
+        print(f"error: --step-time {inputs.step_time_s:g} s x --steps {inputs.steps} gives no finite plan "
+              f"({err.args[0] if err.args else err}); give a real step time and step count.", file=sys.stderr)
+        return 2
     if args.json:
         out = to_json(result)
         out["interruption_rate_source"] = rate_source
