@@ -15,6 +15,10 @@ Examples::
     python -m recipes.promote --experiment digits --metric val/expected_cost --mode min
     python -m recipes.promote --experiment digits --metric val/loss --mode min --name digits-cnn --baseline none
     python -m recipes.promote --experiment text --metric val/bpb --mode min --baseline baseline/unigram_bpb
+    python -m recipes.promote --sweep digits-lr     # the best trial of a recipes.sweep (its metric and mode)
+
+With ``--sweep NAME`` the candidates are the sweep's trial runs (tag ``sweep`` = NAME) that were not pruned;
+the experiment, ``--metric`` and ``--mode`` default to the sweep's own.
 
 The tracking store is ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` (the registry needs a
 database store). Exit status: 0 promoted; 1 refused (no finished run, the best run does not beat its
@@ -35,8 +39,8 @@ from mlflow.exceptions import MlflowException
 from recipes.common import USAGE_EXIT_CODE, UsageError, check_tracking_server, get_experiment, tracking_uri
 from recipes.compare import baselines_for
 
-__all__ = ["Promotion", "Refused", "best_run", "check_baseline", "check_baseline_kind", "logged_model_uri", "main",
-           "promote", "runs_with_metric"]
+__all__ = ["Promotion", "Refused", "best_run", "check_baseline", "check_baseline_kind", "find_sweep",
+           "logged_model_uri", "main", "promote", "runs_with_metric", "sweep_trials"]
 
 REFUSED_EXIT_CODE = 1
 ALIAS = "champion"
@@ -149,8 +153,38 @@ def logged_model_uri(client: mlflow.MlflowClient, run: Run, artifact: str = "mod
                   "(callbacks.mlflow_model.LogModel logs it when a fit completes).")
 
 
+def sweep_trials(runs: list[Run], sweep: str, experiment: str, metric: str) -> list[Run]:
+    """The runs of sweep ``sweep``'s trials that were not pruned (a pruned trial stopped early: never the best).
+
+    Raises:
+        Refused: the sweep has no such run that logged ``metric``.
+    """
+    trials = [r for r in runs if r.data.tags.get("sweep") == sweep and r.data.tags.get("pruned") != "true"]
+    if not trials:
+        raise Refused(f"sweep {sweep!r} has no unpruned trial run in experiment {experiment!r} that logged {metric}.")
+    return trials
+
+
+def find_sweep(client: mlflow.MlflowClient, sweep: str) -> Run:
+    """The parent run of ``recipes.sweep --name sweep``, in any experiment.
+
+    Raises:
+        UsageError: there is none (the message lists the sweeps there are).
+    """
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+    parents = client.search_runs(experiments, filter_string="tags.`atscale.kind` = 'sweep'", max_results=5000,
+                                 order_by=["attributes.start_time DESC"]) if experiments else []
+    found = [r for r in parents if r.data.tags.get("atscale.sweep") == sweep]
+    if not found:
+        known = sorted({r.data.tags.get("atscale.sweep", "") for r in parents})
+        raise UsageError(f"--sweep {sweep!r}: no such sweep in the tracking store (sweeps there: "
+                         f"{', '.join(known) if known else 'none'}).")
+    return found[0]
+
+
 def promote(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str, name: str,
-            baseline: str | None = "baseline/linear_acc", alias: str = ALIAS, tracking_uri: str = "") -> Promotion:
+            baseline: str | None = "baseline/linear_acc", alias: str = ALIAS, tracking_uri: str = "",
+            sweep: str | None = None) -> Promotion:
     """Register the best finished run's model as a new version of ``name`` and alias it.
 
     The registration goes through ``mlflow.register_model``, on the global tracking URI: set it to
@@ -162,6 +196,8 @@ def promote(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
     """
     exp = get_experiment(client, experiment, tracking_uri)
     runs = runs_with_metric(client, exp.experiment_id, experiment, metric)
+    if sweep is not None:
+        runs = sweep_trials(runs, sweep, experiment, metric)
     check_baseline_kind(metric, baseline)
     run = best_run(runs, experiment, metric, mode)
     base = check_baseline(run, metric, mode, baseline)
@@ -185,9 +221,12 @@ def promote(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m recipes.promote", description=__doc__.splitlines()[0])
-    parser.add_argument("--experiment", required=True, help="MLflow experiment name.")
-    parser.add_argument("--metric", default="val/acc", help="Metric that picks the best run. Default val/acc.")
-    parser.add_argument("--mode", choices=("max", "min"), default="max", help="Best is max (default) or min.")
+    parser.add_argument("--experiment", default=None, help="MLflow experiment name (required unless --sweep).")
+    parser.add_argument("--sweep", default=None, help="Promote the best unpruned trial of this recipes.sweep.")
+    parser.add_argument("--metric", default=None,
+                        help="Metric that picks the best run. Default val/acc (with --sweep: the sweep's).")
+    parser.add_argument("--mode", choices=("max", "min"), default=None,
+                        help="Best is max (default) or min (with --sweep: the sweep's).")
     parser.add_argument("--name", default=None, help="Registered model name (default: the experiment's name).")
     parser.add_argument("--baseline", default=None,
                         help="Metric the run must beat (default: the linear baseline of the metric's kind, "
@@ -198,16 +237,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.experiment is None and args.sweep is None:
+        parser.error("--experiment is required (or --sweep NAME)")
     uri = tracking_uri()
-    name = args.name or args.experiment
-    baseline = baselines_for(args.metric)[0] if args.baseline is None else (
-        None if args.baseline.lower() == "none" else args.baseline)
     try:
         check_tracking_server(uri)
         mlflow.set_tracking_uri(uri)
-        result = promote(mlflow.MlflowClient(uri), args.experiment, args.metric, args.mode, name, baseline,
-                         args.alias, uri)
+        client = mlflow.MlflowClient(uri)
+        if args.sweep is not None:
+            parent = find_sweep(client, args.sweep)
+            args.experiment = args.experiment or client.get_experiment(parent.info.experiment_id).name
+            args.metric = args.metric or parent.data.params.get("metric")
+            args.mode = args.mode or parent.data.params.get("mode")
+        args.metric, args.mode = args.metric or "val/acc", args.mode or "max"
+        name = args.name or args.experiment
+        baseline = baselines_for(args.metric)[0] if args.baseline is None else (
+            None if args.baseline.lower() == "none" else args.baseline)
+        result = promote(client, args.experiment, args.metric, args.mode, name, baseline, args.alias, uri,
+                         sweep=args.sweep)
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT_CODE
