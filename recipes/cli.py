@@ -606,8 +606,29 @@ def parse_error_message(message: str) -> str:
     return f"{key}: invalid value {value!r}"
 
 
+#: Set by the first SIGTERM/SIGINT outside training: the process is stopping, and further signals change nothing.
+_stopping = threading.Event()
+
+
 def _raise_interrupted(signum: int, frame: Any) -> None:
+    # Once: a second Ctrl-C a moment later (Lightning re-installs this handler while it unwinds) would raise
+    # inside the unwinding and print the stop twice.
+    if _stopping.is_set():
+        return
+    _stopping.set()
     raise Interrupted(signum)
+
+
+def _ignore_signals_while_exiting() -> None:
+    """Ignore SIGINT/SIGTERM from here to the process's end.
+
+    The interpreter's finalization puts a Python-handled signal back to its default action, so a
+    Ctrl-C pressed again during it killed the process by the signal (exit -2) instead of the 130
+    already decided; an ignored signal stays ignored.
+    """
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _disk_error(err: BaseException) -> OSError | None:
@@ -629,7 +650,10 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     back), SIGTERM and SIGINT unwind the process: nothing is left half-written, the MLflow run (if one
     was opened) is marked KILLED, and the exit code is 75 (relaunch to resume) or 130 (Ctrl-C).
     """
+    _stopping.clear()
     code = _run_cli(args, **kwargs)
+    if _stopping.is_set() or code in (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE):  # a stop: nothing more to do
+        _ignore_signals_while_exiting()
     return rank_exit_code(code, launched_by_parent())
 
 

@@ -383,3 +383,34 @@ def test_unreachable_database_store_exits_2_in_one_line_with_its_password_masked
     assert line.endswith("start the database or fix MLFLOW_TRACKING_URI.")
     assert "S3CRETpw" not in out.out + out.err
     assert not (tracked / "runs/digits/db").exists()
+
+
+# ------------------------------------------------------------------------------ 7. smaller: two Ctrl-C
+
+
+@pytest.mark.parametrize("after_setup_s", [0.0, 1.5])  # during the sanity check; in training
+def test_two_ctrl_c_presses_exit_130_with_the_message_once(tmp_path: Path, after_setup_s: float) -> None:
+    name = f"twice-{int(after_setup_s * 10)}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "recipes.fit", "--config", DIGITS, *FAST, "--log_model", "false", "--run_name", name,
+         "--trainer.max_steps", "100000"],
+        cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        config = tmp_path / "runs/digits" / name / "config.yaml"  # written at setup
+        deadline = time.monotonic() + 180
+        while not config.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(after_setup_s)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.15)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err[-3000:]
+    assert err.count("interrupted (SIGINT): the run stopped; relaunch the same command to resume it.") == 1
+    assert "Traceback" not in err
+    (run,) = runs_of(tmp_path, "digits")
+    assert run.info.status == "KILLED"
