@@ -57,7 +57,7 @@ from .checkpoint_io import RUN_METADATA_KEY, BoundedAsyncCheckpointIO, mirror_of
 from .storage import ckpt_store
 from .utils import notices
 from .utils.collectives import all_ranks, any_rank
-from .utils.rng import rng_state, set_rng_state
+from .utils.rng import restore_rank_rng, rng_state, set_rng_state  # noqa: F401 (tests import it from here)
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 
 #: Exit status after a notice save: sysexits' EX_TEMPFAIL, "temporary failure, retry".
 REQUEUE_EXIT_CODE = 75
+#: MLflow tag of a run resumed on another world size: ``"2->1@12"`` (saved ranks -> ranks, at step), ``; ``-joined.
+ELASTIC_TAG = "atscale.elastic"
 #: File name pattern of the checkpoints this callback writes (``step=00000042.ckpt``).
 CHECKPOINT_PATTERN = "step=*.ckpt"
 
@@ -374,14 +376,28 @@ class SpotCheckpoint(Callback):
         if self._pending_rng is not None:
             states = self._pending_rng
             if len(states) != trainer.world_size:
-                log.warning("Checkpoint holds RNG states of %d ranks, this run has %d: the resumed run "
-                            "will not be bitwise identical.", len(states), trainer.world_size)
-            else:
-                set_rng_state(states[trainer.global_rank])
+                self._resumed_elsewhere(trainer, len(states))
+            restore_rank_rng(states, trainer.global_rank)
             self._pending_rng = None
         if self._resumed_step is not None and trainer.is_global_zero:
             self._log(trainer, {"spot/lost_steps": self._lost_steps(trainer)})
         self._last_save_time = time.monotonic()
+
+    def _resumed_elsewhere(self, trainer: Trainer, saved_world: int) -> None:
+        """Say once (rank zero) that the run came back on another world size, and tag it ``atscale.elastic``."""
+        if not trainer.is_global_zero:
+            return
+        world, step = trainer.world_size, trainer.global_step
+        log.warning("Resumed on %d rank(s) from a checkpoint of %d (step %d): the epoch goes on from its global "
+                    "sample cursor; rank r continues rank r mod %d's RNG streams; not bitwise equal to an "
+                    "uninterrupted run (gradients are reduced over another world).", world, saved_world, step,
+                    saved_world)
+        for logger in trainer.loggers:
+            client, run_id = getattr(logger, "experiment", None), getattr(logger, "run_id", None)
+            if run_id is None or not hasattr(client, "set_tag"):
+                continue
+            before = client.get_run(run_id).data.tags.get(ELASTIC_TAG)
+            client.set_tag(run_id, ELASTIC_TAG, "; ".join(filter(None, [before, f"{saved_world}->{world}@{step}"])))
 
     def _lost_steps(self, trainer: Trainer) -> int:
         """Steps the previous attempt logged beyond the checkpoint resumed from (redone now)."""
