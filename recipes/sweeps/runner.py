@@ -77,11 +77,30 @@ class Child:
     proc: subprocess.Popen
     log: Path
     beat: float
+    slot: int = 0
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def gpu_slots(parallel: int) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` of each of ``parallel`` slots: the visible GPUs divided among them, or none
+    (a CPU machine, or fewer GPUs than slots: the trials then share what there is)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except ImportError:  # pragma: no cover
+        count = 0
+    ids = [i.strip() for i in visible.split(",") if i.strip()] if visible else [str(i) for i in range(count)]
+    ids = ids[:count]
+    if parallel < 2 or len(ids) < parallel:
+        return []
+    per = len(ids) // parallel
+    return [",".join(ids[i * per:(i + 1) * per]) for i in range(parallel)]
 
 
 def suggest(trial: optuna.Trial, space: Space) -> dict[str, Any]:
@@ -114,6 +133,8 @@ class Sweep:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.parent_run_id = self._parent_run()
         self.threads = max(1, (os.cpu_count() or 1) // args.parallel)
+        self.gpu_slots = gpu_slots(args.parallel)
+        self._claim_after = 0.0
 
     # ---------------------------------------------------------------- setup
     def _experiment_id(self) -> str:
@@ -157,8 +178,10 @@ class Sweep:
     def run_name(self, number: int) -> str:
         return f"{self.args.name}-t{number:03d}"
 
-    def env(self, number: int) -> dict[str, str]:
+    def env(self, number: int, slot: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ENV_FROM_PARENT}
+        if self.gpu_slots:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu_slots[slot]
         env.setdefault("MLFLOW_TRACKING_URI", self.args.tracking_uri)
         env.update({ENV_PARENT_RUN_ID: self.parent_run_id, ENV_SWEEP_STORAGE: self.args.storage,
                     ENV_RUN_TAGS: json.dumps({"sweep": self.args.name, "trial": str(number)}),
@@ -182,9 +205,10 @@ class Sweep:
         with open(log, "a") as out:
             out.write(f"\n=== attempt {attempts}: {' '.join(cmd[1:])}\n")
             out.flush()
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(number),
+            slot = min(set(range(self.args.parallel)) - {c.slot for c in self.children.values()})
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env(number, slot),
                                     start_new_session=True, preexec_fn=_die_with_parent)
-        self.children[number] = Child(number, tid, proc, log, time.monotonic())
+        self.children[number] = Child(number, tid, proc, log, time.monotonic(), slot)
 
     def finish(self, child: Child, code: int) -> None:
         """Tell the study how the trial process ended (module docstring's table)."""
@@ -226,6 +250,7 @@ class Sweep:
                 continue
             del self.children[number]
             self.finish(child, code)
+            self._claim_after = 0.0  # a slot is free (and a trial may be back in the queue): claim now
 
     # ----------------------------------------------------------------- budget
     def over_budget(self) -> bool:
@@ -267,7 +292,7 @@ class Sweep:
             self._recover()
             while True:
                 self.reap()
-                if self.stop_signal is None and not self.budget_stopped:
+                if self.stop_signal is None and not self.budget_stopped and time.monotonic() >= self._claim_after:
                     while len(self.children) < self.args.parallel and self.stop_signal is None:
                         if self.over_budget():
                             self.budget_stopped = True
@@ -276,6 +301,7 @@ class Sweep:
                         if frozen is None and not self.children:
                             frozen = self._recover() and claim_trial(self.study, self.storage, self.args.storage)
                         if not frozen:
+                            self._claim_after = time.monotonic() + 2.0  # nothing to claim: look again later
                             break
                         self.start(frozen)
                 if not self.children:

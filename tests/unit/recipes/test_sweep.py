@@ -269,3 +269,66 @@ def test_the_settings_a_relaunch_compares_survive_json(tmp_path: Path) -> None:
     study.open_study(storage, url, "s", "maximize", settings, 1, [{LR: 0.01}])
     s, created = study.open_study(storage, url, "s", "maximize", json.loads(json.dumps(settings)), 1, [{LR: 0.01}])
     assert created is False and s.user_attrs[study.SETTINGS_ATTR] == settings
+
+
+# ---------------------------------------------------------------------------------------------- launch files
+LAUNCH = CONFIGS / "launch"
+
+
+def sweep_overrides(args: list[str]) -> list[str]:
+    """The trials' overrides of a launch file's sweep command, after checking its own flags."""
+    parsed, extra = sweep.parse(args)
+    for path in [*parsed.config, parsed.space]:
+        assert (CONFIGS.parent / path).is_file(), path
+    assert (parsed.trials, parsed.name, parsed.parallel, parsed.budget_usd) == (100, "digits-sweep", 1, 200.0)
+    assert parsed.storage in ("$ATSCALE_SWEEP_STORAGE", "$(ATSCALE_SWEEP_STORAGE)")
+    return extra
+
+
+def test_the_slurm_array_runs_eight_tasks_of_the_same_sweep_and_requeues_on_75(monkeypatch: pytest.MonkeyPatch
+                                                                              ) -> None:
+    text = (LAUNCH / "sweep-slurm-array.sbatch").read_text()
+    assert "#SBATCH --array=0-7\n" in text and "#SBATCH --signal=USR1@90\n" in text
+    command = text.split("srun python -m recipes.sweep ", 1)[1].split('"$@"', 1)[0].replace("\\\n", " ")
+    args = [a.strip('"') for a in command.split()]
+    monkeypatch.chdir(CONFIGS.parent)
+    assert sweep_overrides(args) == ["--cost.instance", "a3-highgpu-1g", "--cost.market", "spot"]
+    assert 'if [ "$code" -eq 75 ]; then\n    scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text
+
+
+def test_the_kubernetes_sweep_job_deserializes_and_runs_eight_pods_of_the_same_sweep(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    client = pytest.importorskip("kubernetes.client")
+    (job,) = [d for d in yaml.safe_load_all((LAUNCH / "sweep-kubernetes-job.yaml").read_text()) if d]
+    api = client.ApiClient()
+    model = api.deserialize(json.dumps(job), "V1Job", "application/json")
+    assert api.sanitize_for_serialization(model) == job  # nothing unknown, nothing mistyped, nothing lost
+    assert job["spec"]["parallelism"] == 8 and job["spec"]["completions"] == 8
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "recipes.sweep"]
+    rules = {r["action"]: r.get("onExitCodes", {}).get("values") for r in job["spec"]["podFailurePolicy"]["rules"]}
+    assert rules["FailJob"] == [2]
+    monkeypatch.chdir(CONFIGS.parent)
+    assert sweep_overrides(container["args"]) == ["--runs_root", "s3://my-bucket/runs", "--staging_root", "/staging",
+                                                  "--cost.instance", "a3-highgpu-1g", "--cost.market", "spot"]
+
+
+def test_parallel_trials_divide_the_visible_gpus_and_share_when_there_are_fewer(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    import torch
+
+    from recipes.sweeps.runner import gpu_slots
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert gpu_slots(2) == ["0,1,2,3", "4,5,6,7"]
+    assert gpu_slots(3) == ["0,1", "2,3", "4,5"]
+    assert gpu_slots(1) == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert gpu_slots(2) == ["3", "5"]
+    assert gpu_slots(4) == []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert gpu_slots(2) == []
