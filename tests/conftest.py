@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import pickle
 import shutil
+import signal
+import struct
 import subprocess
 import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlflow
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import Logger
+
+from tests.servers import free_port  # noqa: F401 (the one free_port every test imports from here)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -46,8 +57,9 @@ def cli_env(workdir: Path, **extra: str) -> dict[str, str]:
         "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
         "PYTHONPATH": str(REPO),
         "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
     })
+    # no OpenMP setting of the suite's: runs use torch's own thread count, as a user's do (a pin would hide
+    # that results must not depend on it; tests/e2e/test_exact_under_load.py runs beside busy cores)
     env.update(extra)
     return env
 
@@ -64,6 +76,222 @@ def run_fit(workdir: Path, *args: str, timeout: float = 600, env: dict[str, str]
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return result
+
+
+def _interpreter_warning_filters() -> list:
+    """The warning filters a fresh ``python`` starts with (pytest replaces them while tests run)."""
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.filterwarnings("ignore", category=category, append=True)
+        return list(warnings.filters)
+
+
+_INTERPRETER_WARNING_FILTERS = _interpreter_warning_filters()
+
+
+def _print_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   file: Any = None, line: str | None = None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+@dataclass
+class CliResult:
+    """What an in-process launch of the CLI left: its exit code and everything it wrote to stdout and stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def fit_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   capfd: pytest.CaptureFixture) -> Callable[..., CliResult]:
+    """``python -m recipes.fit ARGS`` run inside the test's own interpreter, as ``recipes.fit.main`` runs it.
+
+    For launches that never train (bad input, ``--print_config``, refusals at start-up): the same code path
+    as the subprocess from the parse to the exit code, without ten seconds of importing torch, Lightning and
+    MLflow. The environment and working directory are a subprocess's (``cli_env``); the signal handlers and
+    torch's thread count the CLI sets are restored afterwards. The exit code is ``main``'s return value, or
+    the code of a ``SystemExit`` (``--print_config`` and ``--help`` exit through the parser).
+    ``tests/e2e/test_first_hour.py`` checks that a real subprocess exits with the code ``main`` returns.
+    """
+    from recipes.fit import main
+
+    def run(*args: str, workdir: Path | None = None, **extra_env: str) -> CliResult:
+        workdir = workdir or tmp_path
+        env = cli_env(workdir, **extra_env)
+        for key in [k for k in os.environ if k.startswith(("ATSCALE_", "SLURM_", "MLFLOW_")) and k not in env]:
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.chdir(workdir)
+        monkeypatch.setattr(sys, "argv", [str(REPO / "recipes" / "fit.py"), *args])  # as `python -m` sets it
+        handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+        threads = torch.get_num_threads()
+        root_handlers = logging.root.handlers[:]
+        capfd.readouterr()
+        try:
+            with warnings.catch_warnings():
+                # as in a fresh interpreter: warnings and unhandled log records are printed on stderr (pytest
+                # would record them instead), so tests of what stderr shows see what a user sees
+                warnings.filters[:] = _INTERPRETER_WARNING_FILTERS
+                warnings.showwarning = _print_warning
+                logging.root.handlers[:] = []
+                code = main() or 0  # reads sys.argv, as `python -m recipes.fit` does
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        finally:
+            logging.root.handlers[:] = root_handlers
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            torch.set_num_threads(threads)
+        out, err = capfd.readouterr()
+        return CliResult(code, out, err)
+
+    return run
+
+
+def final_weights(workdir: Path, run_name: str, experiment: str = "digits") -> dict[str, torch.Tensor]:
+    """The state dict of the newest good ``step=`` checkpoint of ``runs/<experiment>/<run_name>`` in ``workdir``."""
+    from callbacks.spot import CHECKPOINT_PATTERN
+    from callbacks.storage import ckpt_store
+
+    record = ckpt_store.newest_good(workdir / "runs" / experiment / run_name / "checkpoints", CHECKPOINT_PATTERN)
+    assert record is not None
+    return torch.load(record.path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def remote_final_weights(url: str, scratch: Path) -> dict[str, torch.Tensor]:
+    """The newest ``step=`` checkpoint in the bucket, downloaded and verified."""
+    from callbacks.storage.remote_store import RemoteCheckpoints
+
+    remote = RemoteCheckpoints(url, scratch)
+    (newest,) = [r for r in remote.records() if r["name"].startswith("step=")][:1]
+    record = remote.fetch(newest)
+    assert record is not None
+    return torch.load(record.path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """Same keys, and every tensor ``torch.equal`` to its counterpart (names the ones that differ)."""
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"tensors differ: {different}"
+
+
+#: A small corpus of Python files for the text datamodule: ``relative path -> content``.
+CORPUS_FILES = {f"pkg/mod{i:02d}.py": f"# module {i}\n" + "x = 1\n" * (i + 1) for i in range(20)}
+
+
+def write_corpus(root: Path, files: dict[str, str]) -> Path:
+    """Write ``files`` (``relative path -> text``) under ``root``; returns ``root``."""
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    return root
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    """IDX: big-endian magic (0x0000, type 0x08 = uint8, ndim), big-endian int32 dims, raw bytes."""
+    magic = 0x0800 + array.ndim  # 2051 for images (3 dims), 2049 for labels (1 dim)
+    header = struct.pack(f">{1 + array.ndim}I", magic, *array.shape)
+    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+def write_mnist(root: Path, train: np.ndarray, test: np.ndarray) -> None:
+    """MNIST's raw IDX files under ``root/MNIST/raw`` (images ``(N, 1, 28, 28)`` uint8; label of image i: i % 10)."""
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for prefix, images in (("train", train), ("t10k", test)):
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", images[:, 0])  # (N, 28, 28)
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", np.arange(len(images)) % 10)
+
+
+# ------------------------------------------------- untrusted checkpoints: real pickle payloads, as attackers forge them
+#: A GPT small enough to checkpoint in milliseconds.
+TINY_GPT = {"block_size": 32, "n_layer": 2, "n_head": 4, "n_embd": 32}
+
+
+class Payload:
+    """Unpickling this runs code: it creates ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return exec, (f"import pathlib; pathlib.Path({str(self.marker)!r}).touch()",)
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Path:
+    """Where a checkpoint's payload would leave its mark; the test fails if it exists afterwards."""
+    path = tmp_path / "PWNED"
+    yield path
+    assert not path.exists(), "the checkpoint's payload ran"
+
+
+def tiny_gpt(seed: int) -> tuple:
+    """A tiny GPT after one AdamW step (so its optimizer holds tensors as well as plain values)."""
+    from recipes.gpt import GPT
+
+    torch.manual_seed(seed)
+    model = GPT(**TINY_GPT)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+    return model, optimizer
+
+
+def gpt_dcp_checkpoint(path: Path, seed: int = 0) -> Path:
+    """A real distributed checkpoint of a tiny GPT, as our FSDP run lays it out: shards, ``.metadata``, ``meta.pt``.
+
+    Written in one process by ``torch.distributed.checkpoint.save`` (what Lightning's ModelParallelStrategy
+    calls on every rank), with the optimizer state, whose param groups become non-tensor (pickled) items.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    model, optimizer = tiny_gpt(seed)
+    dcp.save({"state_dict": model.state_dict(), "optimizer_0": optimizer.state_dict()}, checkpoint_id=path,
+             no_dist=True)
+    torch.save({"hyper_parameters": dict(model.hparams), "global_step": seed, "epoch": 0}, path / "meta.pt")
+    return path
+
+
+def tamper_metadata_same_size(directory: Path, marker: Path) -> None:
+    """Replace ``.metadata`` in place by a payload padded to the same size (pickle stops reading at STOP)."""
+    meta = directory / ".metadata"
+    size = meta.stat().st_size
+    payload = pickle.dumps(Payload(marker))
+    assert len(payload) <= size
+    with open(meta, "r+b") as handle:
+        handle.write(payload + b" " * (size - len(payload)))
+    assert meta.stat().st_size == size
+
+
+def shard_with_a_payload_item(directory: Path, marker: Path) -> Path:
+    """A distributed checkpoint whose ``.metadata`` is clean but one non-tensor item of its shard is a payload."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"state_dict": {"w": torch.ones(4)}, "extra": Payload(marker)}, checkpoint_id=directory, no_dist=True)
+    assert not marker.exists()
+    return directory
+
+
+def forge_file(path: Path, marker: Path, kind: str) -> None:
+    """Overwrite checkpoint ``path`` with a payload and recompute its record, as an attacker with the folder can."""
+    from callbacks.storage import ckpt_store
+
+    record = json.loads(ckpt_store.meta_path(path).read_text())
+    if kind == "zip":  # torch.save's format, which the cheap mmap'd check parses
+        torch.save({"state_dict": {}, "global_step": record["global_step"], "x": Payload(marker)}, path)
+    else:  # a legacy plain pickle
+        path.write_bytes(pickle.dumps({"x": Payload(marker)}))
+    ckpt_store.write_record(path, record["global_step"], record["epoch"], extra=record["extra"])
+    assert ckpt_store.read_record(path, verify_hash=False) is not None  # size and SHA-256 match
 
 
 def client_for(workdir: Path) -> mlflow.MlflowClient:
@@ -124,6 +352,43 @@ class RecordingLogger(Logger):
 # Small, fast variants of the digits recipe for tests (the README's run uses the full config).
 FAST = ("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false")
 
+#: The README's commands for the default recipe on one device, DDP and FSDP (2 CPU processes): the text the
+#: README shows, then the extra arguments the shared runs add.
+DIGITS_RECIPE = "python -m recipes.fit --config configs/digits.yaml"
+DIGITS_STRATEGIES = {
+    "single": DIGITS_RECIPE,
+    "ddp": f"{DIGITS_RECIPE} --config configs/strategy/ddp.yaml",
+    "fsdp": f"{DIGITS_RECIPE} --config configs/strategy/fsdp.yaml",
+}
+
+
+def readme_env(workdir: Path) -> dict[str, str]:
+    """A README command's environment: ``cli_env``, every download to a closed port, a 100-column terminal."""
+    return cli_env(workdir, http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9", COLUMNS="100")
+
+
+def readme_workdir(path: Path) -> Path:
+    """``path`` made to look like the repository's root to a README command (``configs/`` in place)."""
+    (path / "configs").symlink_to(CONFIGS)
+    return path
+
+
+@pytest.fixture(scope="session")
+def digits_recipe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """The default recipe's full runs, one per strategy, each in a folder of its own, made once a session.
+
+    Each is the README's command as shown (20 epochs) plus ``--run_name <strategy>``, run as the README test runs
+    its commands; tests/e2e/test_fit.py checks what each run left, tests/e2e/test_readme_commands.py checks the
+    commands' output and continues the README from the single-device run.
+    """
+    out = {}
+    for name, command in DIGITS_STRATEGIES.items():
+        workdir = readme_workdir(tmp_path_factory.mktemp(f"digits-{name}"))
+        argv = [sys.executable, *command.split()[1:], "--run_name", name]
+        out[name] = (workdir, subprocess.run(argv, cwd=workdir, env=readme_env(workdir), capture_output=True,
+                                             text=True, timeout=900))
+    return out
+
 
 @pytest.fixture
 def tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -139,8 +404,39 @@ def tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 _E2E_DIR = Path(__file__).resolve().parent / "e2e"
 
 
+#: Fixtures every test gets (autouse): sharing them is no reason to keep tests on one pytest-xdist worker.
+_EVERYWHERE = {"mlflow_template_db"}
+#: Session fixtures of trained runs that tests in several files read: their users share one worker.
+_SHARED_RUNS = {"digits_recipe_runs"}
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The pytest-xdist group of ``item``: a shared run's fixture name, its file when it uses a module- or
+    session-scoped fixture of its own choosing (a trained run, a server), else none."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    shared = sorted(_SHARED_RUNS & set(info.name2fixturedefs))
+    if shared:
+        return shared[0]
+    if any(defs[-1].scope in ("module", "session") for name, defs in info.name2fixturedefs.items()
+           if defs and name not in _EVERYWHERE):
+        return Path(str(item.fspath)).name
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e/ is end-to-end (``pytest -m "not e2e"`` runs the unit tests alone)."""
+    """Every test under tests/e2e/ is end-to-end (``pytest -m "not e2e"`` runs the unit tests alone).
+
+    Under pytest-xdist (``-n 2 --dist loadgroup``, as ``.ci/run`` runs the suite) the tests of a file that
+    share a module- or session-scoped fixture stay together on one worker, in file order: the fixture's
+    trained runs (or servers) are made once, not once per worker; so do the tests of every file that read one
+    of the session's shared runs (``_SHARED_RUNS``).
+    """
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(_E2E_DIR):
             item.add_marker(pytest.mark.e2e)
+        group = _xdist_group(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -1,15 +1,19 @@
-"""Bad input: one clear error naming the bad value, exit code 2, and no MLflow run left RUNNING."""
+"""Bad input: one clear error naming the bad value, exit code 2, and no MLflow run left RUNNING.
+
+Refusals at start-up run in-process (``fit_in_process``: the CLI's code path without an interpreter start-up each);
+the failure in the middle of a run is a real subprocess.
+"""
 
 from __future__ import annotations
 
-import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from recipes.classifier import ImageClassifier
-from tests.conftest import CONFIGS, FAST, cli_env, run_fit, runs_of
+from tests.conftest import CONFIGS, FAST, CliResult, free_port, run_fit, runs_of
 
 DIGITS = ("--config", str(CONFIGS / "digits.yaml"), *FAST)
 
@@ -23,12 +27,6 @@ class ExplodingClassifier(ImageClassifier):
         return super().training_step(batch, batch_idx)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize(("args", "named"), [
     (("--trainer.no_such_key", "1"), "no_such_key"),
     (("--trainer.max_epochs", "many"), "many"),
@@ -40,17 +38,18 @@ def _free_port() -> int:
     (("--cost.instance", "p9.mega"), "p9.mega"),
     (("--cost.market", "spot", "--cost.instance", "p4d.24xlarge"), "p4d.24xlarge"),  # no spot price listed
 ])
-def test_bad_value_exits_2_naming_it(tmp_path: Path, args: tuple[str, ...], named: str) -> None:
-    result = run_fit(tmp_path, *DIGITS, *args)
+def test_bad_value_exits_2_naming_it(tmp_path: Path, args: tuple[str, ...], named: str,
+                                     fit_in_process: Callable[..., CliResult]) -> None:
+    result = fit_in_process(*DIGITS, *args)
     assert result.returncode == 2, result.stderr[-3000:]
     assert named in result.stderr
     assert "Traceback" not in result.stderr
     assert runs_of(tmp_path, "digits") == []  # nothing started
 
 
-def test_unreachable_tracking_server_exits_2_naming_it(tmp_path: Path) -> None:
-    uri = f"http://127.0.0.1:{_free_port()}"
-    result = run_fit(tmp_path, *DIGITS, env=cli_env(tmp_path, MLFLOW_TRACKING_URI=uri))
+def test_unreachable_tracking_server_exits_2_naming_it(fit_in_process: Callable[..., CliResult]) -> None:
+    uri = f"http://127.0.0.1:{free_port()}"
+    result = fit_in_process(*DIGITS, MLFLOW_TRACKING_URI=uri)
     assert result.returncode == 2
     assert f"MLflow tracking server {uri} is unreachable" in result.stderr
     assert "Traceback" not in result.stderr

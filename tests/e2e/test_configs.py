@@ -1,25 +1,28 @@
-"""Every shipped YAML parses, and ``--print_config`` output fed back with ``--config`` gives the same config."""
+"""Every shipped YAML parses, and ``--print_config`` output fed back with ``--config`` gives the same config.
+
+``--print_config`` never trains: it runs in-process (``fit_in_process``), the parse and print of ``recipes.fit``
+without an interpreter start-up per config; the README's own ``--print_config`` command runs as a real process
+in tests/e2e/test_readme_commands.py.
+"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
 from callbacks.analysis.prices import load_catalog
-from tests.conftest import CONFIGS, cli_env
+from tests.conftest import CONFIGS, CliResult
 
 RECIPES = sorted(CONFIGS.glob("*.yaml"))
 FRAGMENTS = sorted((CONFIGS / "strategy").glob("*.yaml")) + sorted((CONFIGS / "precision").glob("*.yaml"))
 
 
-def print_config(workdir: Path, *configs: Path | str) -> str:
+def print_config(fit: Callable[..., CliResult], *configs: Path | str) -> str:
     args = [a for c in configs for a in ("--config", str(c))]
-    result = subprocess.run([sys.executable, "-m", "recipes.fit", *args, "--print_config"], cwd=workdir,
-                            env=cli_env(workdir), capture_output=True, text=True, timeout=300)
+    result = fit(*args, "--print_config")
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -51,16 +54,17 @@ def test_price_catalog_loads() -> None:
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
-def test_recipe_parses_and_print_config_round_trips(tmp_path: Path, recipe: Path) -> None:
-    printed = print_config(tmp_path, recipe)
+def test_recipe_parses_and_print_config_round_trips(tmp_path: Path, recipe: Path,
+                                                    fit_in_process: Callable[..., CliResult]) -> None:
+    printed = print_config(fit_in_process, recipe)
     assert yaml.safe_load(printed)["model"]["class_path"]
     dumped = tmp_path / "printed.yaml"
     dumped.write_text(printed)
-    assert print_config(tmp_path, dumped) == printed
+    assert print_config(fit_in_process, dumped) == printed
 
 
 @pytest.mark.parametrize("fragment", FRAGMENTS, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_fragment_composes_with_the_default_recipe(tmp_path: Path, fragment: Path) -> None:
-    printed = yaml.safe_load(print_config(tmp_path, CONFIGS / "digits.yaml", fragment))
+def test_fragment_composes_with_the_default_recipe(fragment: Path, fit_in_process: Callable[..., CliResult]) -> None:
+    printed = yaml.safe_load(print_config(fit_in_process, CONFIGS / "digits.yaml", fragment))
     assert contains(printed["trainer"], yaml.safe_load(fragment.read_text())["trainer"])
     assert printed["model"]["class_path"] == "recipes.classifier.ImageClassifier"

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
@@ -22,7 +22,7 @@ import torch
 
 from callbacks.analysis.decision_cost import argmax_decisions, bayes_decisions
 from recipes import compare, promote
-from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit
+from tests.conftest import CONFIGS, FAST, CliResult, cli_env, client_for, free_port, run_fit
 
 DIGITS_RUN_TIMEOUT_S = 600  # the module's 2-epoch fit
 # The module fixture runs the slow part before the first test, each run under its own subprocess timeout
@@ -32,12 +32,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600, func_only=True)]
 COST_KEYS = ("val/expected_cost", "val/bayes_expected_cost", "baseline/majority_expected_cost",
              "baseline/linear_expected_cost", "baseline/linear_bayes_expected_cost")
 SERVE_START_S = 300  # importing torch and MLflow on a loaded 2-core machine took 43 s
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _mlflow_env(workdir: Path) -> dict[str, str]:
@@ -170,7 +164,7 @@ def test_promote_by_expected_cost_then_serve_and_batch_score_the_champion(
     assert not {"classes", "costs", "decision"} & set(mlflow.MlflowClient().get_run(
         in_process.metadata.run_id).data.params)  # the serving config is an artifact, not run params
 
-    port = _free_port()
+    port = free_port()
     server = _serve(uri, port, env, workdir)
     try:
         answer = _post(port, example)["predictions"]
@@ -202,8 +196,9 @@ def test_promote_by_expected_cost_then_serve_and_batch_score_the_champion(
     ("[[0,1],[1,0]]", "cost matrix (inline) has 2 rows; 10 classes need a 10x10 matrix."),
     ("configs/costs/no-such.yaml", "cost matrix file configs/costs/no-such.yaml not found"),
 ])
-def test_bad_cost_matrix_on_the_command_line_exits_2_in_one_line(tmp_path: Path, costs: str, named: str) -> None:
-    result = run_fit(tmp_path, "--config", str(CONFIGS / "digits.yaml"), *FAST, "--model.init_args.costs", costs)
+def test_bad_cost_matrix_on_the_command_line_exits_2_in_one_line(costs: str, named: str,
+                                                                 fit_in_process: Callable[..., CliResult]) -> None:
+    result = fit_in_process("--config", str(CONFIGS / "digits.yaml"), *FAST, "--model.init_args.costs", costs)
     assert result.returncode == 2, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ImageClassifier(costs=") and named in lines[0], lines
@@ -215,10 +210,10 @@ def test_bad_cost_matrix_on_the_command_line_exits_2_in_one_line(tmp_path: Path,
     ("costs:\n" + "".join(f"  - [{', '.join('0' if i == j else 'high' for j in range(10))}]\n" for i in range(10)),
      "row 0, column 1 is 'high', not a number."),
 ])
-def test_bad_cost_file_exits_2_naming_the_value(tmp_path: Path, text: str, named: str) -> None:
+def test_bad_cost_file_exits_2_naming_the_value(tmp_path: Path, text: str, named: str,
+                                                fit_in_process: Callable[..., CliResult]) -> None:
     (tmp_path / "costs.yaml").write_text(text)
-    result = run_fit(tmp_path, "--config", str(CONFIGS / "digits.yaml"), *FAST, "--model.init_args.costs",
-                     "costs.yaml")
+    result = fit_in_process("--config", str(CONFIGS / "digits.yaml"), *FAST, "--model.init_args.costs", "costs.yaml")
     assert result.returncode == 2, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [f"error: ImageClassifier(costs='costs.yaml'): cost matrix (costs.yaml): {named}"]

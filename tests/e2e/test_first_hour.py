@@ -1,5 +1,10 @@
 """A newcomer's first hour on the real CLI: one-line errors, a finished run that says so, whole paths,
-tags to search by, and no warning walls."""
+tags to search by, and no warning walls.
+
+One finished run is shared by the tests that read it (module scope); launches that never train run in-process
+(``fit_in_process``), except the first, which checks that a real subprocess exits with the code and the
+lines the CLI returns.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,12 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, FAST, cli_env, fit_command, run_fit, runs_of
+from tests.conftest import CONFIGS, FAST, CliResult, cli_env, fit_command, run_fit, runs_of
 
 pytestmark = pytest.mark.e2e
 
@@ -25,28 +31,31 @@ def lines(text: str) -> list[str]:
 
 
 def test_an_unknown_key_is_one_error_line_not_the_usage(tmp_path: Path) -> None:
-    result = run_fit(tmp_path, *SHORT, "--trainer.max_epochz", "3")
+    result = run_fit(tmp_path, *SHORT, "--trainer.max_epochz", "3")  # a real process: its exit code is main's
     assert result.returncode == 2
     assert lines(result.stderr) == ["error: unrecognized arguments: --trainer.max_epochz 3",
                                     "(python -m recipes.fit --help lists every option)"]
     assert runs_of(tmp_path, "digits") == []
 
 
-def test_a_bad_value_names_it_in_one_line(tmp_path: Path) -> None:
-    result = run_fit(tmp_path, *SHORT, "--trainer.max_epochs", "many")
+def test_a_bad_value_names_it_in_one_line(tmp_path: Path, fit_in_process: Callable[..., CliResult]) -> None:
+    result = fit_in_process(*SHORT, "--trainer.max_epochs", "many")
     assert result.returncode == 2
     assert lines(result.stderr) == ["error: trainer.max_epochs: expected int, got 'many'",
                                     "(python -m recipes.fit --help lists every option)"]
 
 
-@pytest.fixture
-def finished(tmp_path: Path) -> tuple[Path, subprocess.CompletedProcess]:
-    return tmp_path, run_fit(tmp_path, *SHORT, "--run_name", "done", check=True)
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One finished one-epoch run, read by the tests below (the relaunch among them changes nothing)."""
+    workdir = tmp_path_factory.mktemp("finished")
+    return workdir, run_fit(workdir, *SHORT, "--run_name", "done", check=True)
 
 
-def test_relaunching_a_finished_run_says_it_is_complete(finished: tuple[Path, subprocess.CompletedProcess]) -> None:
+def test_relaunching_a_finished_run_says_it_is_complete(finished: tuple[Path, subprocess.CompletedProcess],
+                                                        fit_in_process: Callable[..., CliResult]) -> None:
     workdir, _ = finished
-    again = run_fit(workdir, *SHORT, "--run_name", "done")
+    again = fit_in_process(*SHORT, "--run_name", "done", workdir=workdir)
     assert again.returncode == 0
     (run,) = runs_of(workdir, "digits")
     assert lines(again.stdout) == [
@@ -93,11 +102,12 @@ def test_a_run_prints_no_warning_wall(finished: tuple[Path, subprocess.Completed
     assert len(lines(result.stderr)) <= 6, result.stderr  # the budget: GPU/TPU lines, experiment created, stopped
 
 
-def test_an_offline_download_is_one_line_before_any_mlflow_run(tmp_path: Path) -> None:
+def test_an_offline_download_is_one_line_before_any_mlflow_run(tmp_path: Path,
+                                                              fit_in_process: Callable[..., CliResult]) -> None:
     # every URL goes to a closed port on loopback: a download fails at once, with or without internet
-    env = cli_env(tmp_path, http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
-    result = run_fit(tmp_path, *SHORT, "--experiment", "mnist", "--data", "datamodules.vision.MNISTDataModule",
-                     "--data.init_args.root", "data/", "--model.init_args.in_channels", "1", env=env)
+    result = fit_in_process(*SHORT, "--experiment", "mnist", "--data", "datamodules.vision.MNISTDataModule",
+                            "--data.init_args.root", "data/", "--model.init_args.in_channels", "1",
+                            http_proxy="http://127.0.0.1:9", https_proxy="http://127.0.0.1:9")
     assert result.returncode == 2
     errors = [line for line in lines(result.stderr) if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: MNISTDataModule: downloading MNIST into ")

@@ -41,10 +41,18 @@ import pytest
 import yaml
 
 from callbacks.spot import REQUEUE_EXIT_CODE
-from tests.conftest import FAST, REPO, client_for, runs_of, seed_mlflow_db
-from tests.e2e.test_object_store import remote_final_weights
-from tests.e2e.test_spot_resume import assert_bitwise_equal, final_weights
-from tests.servers import S3Server, free_port, moto_s3, s3fs_fresh  # noqa: F401 - fixtures
+from tests.conftest import (
+    FAST,
+    REPO,
+    assert_bitwise_equal,
+    client_for,
+    final_weights,
+    free_port,
+    remote_final_weights,
+    runs_of,
+    seed_mlflow_db,
+)
+from tests.servers import S3Server, moto_s3, s3fs_fresh  # noqa: F401 - fixtures
 
 LAUNCH = REPO / "configs" / "launch"
 SKYPILOT, KUBERNETES, SLURM = LAUNCH / "skypilot.yaml", LAUNCH / "kubernetes-job.yaml", LAUNCH / "slurm.sbatch"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,17 +10,11 @@ import torch
 
 from callbacks.spot import CHECKPOINT_PATTERN
 from callbacks.storage import ckpt_store
-from tests.conftest import CONFIGS, FAST, cli_env, runs_of
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.conftest import CONFIGS, FAST, cli_env, free_port, runs_of
 
 
 def test_torchrun_two_nodes_make_one_mlflow_run_and_one_checkpoint(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     nodes = []
     for node_rank in (0, 1):
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node_rank}",

@@ -21,13 +21,20 @@ from pathlib import Path
 import mlflow
 import pytest
 import s3fs
-import torch
 
 from callbacks.spot import REQUEUE_EXIT_CODE
 from callbacks.storage.remote_store import RemoteCheckpoints
 from recipes import compare, promote, reproduce, scale
-from tests.conftest import CONFIGS, FAST, cli_env, fit_command, run_fit
-from tests.e2e.test_spot_resume import assert_bitwise_equal, final_weights
+from tests.conftest import (
+    CONFIGS,
+    FAST,
+    assert_bitwise_equal,
+    cli_env,
+    final_weights,
+    fit_command,
+    remote_final_weights,
+    run_fit,
+)
 from tests.servers import S3Server, free_port, mlflow_server, moto_s3, moto_s3_strict  # noqa: F401 - fixtures
 
 EPOCHS = 2
@@ -41,15 +48,6 @@ def machine_env(workdir: Path, s3: S3Server, tracking_uri: str | None = None) ->
     if tracking_uri is not None:
         env["MLFLOW_TRACKING_URI"] = tracking_uri
     return env
-
-
-def remote_final_weights(url: str, scratch: Path) -> dict[str, torch.Tensor]:
-    """The newest ``step=`` checkpoint in the bucket, downloaded and verified."""
-    remote = RemoteCheckpoints(url, scratch)
-    (newest,) = [r for r in remote.records() if r["name"].startswith("step=")][:1]
-    record = remote.fetch(newest)
-    assert record is not None
-    return torch.load(record.path, map_location="cpu", weights_only=False)["state_dict"]
 
 
 def test_relaunch_on_a_new_machine_resumes_from_the_bucket_exactly(

@@ -15,11 +15,20 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE
 from callbacks.storage import ckpt_store
-from tests.conftest import CONFIGS, FAST, cli_env, client_for, fit_command, run_fit, runs_of
+from tests.conftest import (
+    CONFIGS,
+    FAST,
+    assert_bitwise_equal,
+    cli_env,
+    client_for,
+    final_weights,
+    fit_command,
+    run_fit,
+    runs_of,
+)
 
 EPOCHS = 3
 NOTICE_TO_SAVED_GOAL_S = 2.0  # README, "Spot safety" and the goals table: notice -> checkpoint on disk
@@ -30,18 +39,6 @@ REFERENCE_TIMEOUT_S = 600  # each of the two uninterrupted reference fits
 # The module fixture runs the slow part before the first test, each run under its own subprocess timeout
 # (REFERENCE_TIMEOUT_S); pytest-timeout times the test functions alone, so a slow machine does not fail the first test.
 pytestmark = pytest.mark.timeout(600, func_only=True)
-
-
-def final_weights(workdir: Path, run_name: str) -> dict[str, torch.Tensor]:
-    record = ckpt_store.newest_good(workdir / "runs" / "digits" / run_name / "checkpoints", CHECKPOINT_PATTERN)
-    assert record is not None
-    return torch.load(record.path, map_location="cpu", weights_only=False)["state_dict"]
-
-
-def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, f"tensors differ: {different}"
 
 
 def step_axis(workdir: Path, key: str = "train/loss") -> list[int]:

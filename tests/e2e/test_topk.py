@@ -8,7 +8,6 @@ interrupted and resumed is bitwise identical to an uninterrupted one; bytes per 
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,9 @@ import torch.multiprocessing as mp
 from callbacks.compression import GradientCompression
 from callbacks.utils.topk import TopKState, topk_hook
 from recipes.shutdown import destroy_process_group, exit_process
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model() -> torch.nn.Module:
@@ -70,7 +64,7 @@ def _worker(rank: int, port: int, ratio: float, path: str) -> None:
 
 def _run(tmp_path: Path, ratio: float) -> list[dict]:
     path = str(tmp_path / "grads")
-    mp.start_processes(_worker, args=(_port(), ratio, path), nprocs=2, start_method="spawn")
+    mp.start_processes(_worker, args=(free_port(), ratio, path), nprocs=2, start_method="spawn")
     return [torch.load(f"{path}.{r}") for r in range(2)]
 
 
@@ -120,8 +114,7 @@ def test_resumed_topk_run_is_bitwise_identical_and_logs_bytes(tmp_path):
 
     from callbacks.spot import REQUEUE_EXIT_CODE
     from recipes.classifier import ImageClassifier
-    from tests.conftest import CONFIGS, FAST, client_for, run_fit, runs_of
-    from tests.e2e.test_spot_resume import assert_bitwise_equal, final_weights
+    from tests.conftest import CONFIGS, FAST, assert_bitwise_equal, client_for, final_weights, run_fit, runs_of
 
     base = ("--config", str(CONFIGS / "digits.yaml"), "--config", str(CONFIGS / "strategy/ddp-topk.yaml"),
             "--trainer.max_epochs", "2", "--trainer.log_every_n_steps", "1", *FAST)

@@ -6,7 +6,6 @@ import inspect
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,7 +25,7 @@ from callbacks.analysis.noise_scale import (
 )
 from callbacks.noise_scale import GradientNoiseScale
 from callbacks.utils.comm_hooks import NoiseScaleCommHook, add_comm_hook_wrapper
-from tests.conftest import RecordingLogger
+from tests.conftest import RecordingLogger, free_port
 
 
 def test_estimators_hand_computed():
@@ -174,12 +173,6 @@ def test_bad_arguments_are_named():
 # ------------------------------------------------------------------ the DDP hook, two processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ddp_check(rank: int, port: int, out_dir: str) -> None:
     """One rank's part: run as its own small Python process (torch and the torch-free module only)."""
     import torch.distributed as dist
@@ -269,7 +262,7 @@ def test_ddp_comm_hook_sees_local_and_reduced_norms_two_processes(tmp_path):
     """Two gloo ranks, forked from one small interpreter that imported torch (and nothing of the tests)."""
     script = _WORKER_HEADER + textwrap.dedent(inspect.getsource(_ddp_check)) + _WORKER_LAUNCH
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", script, str(_free_port()), str(tmp_path)], env=env,
+    proc = subprocess.run([sys.executable, "-c", script, str(free_port()), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -8,7 +8,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ from callbacks.storage import ckpt_store
 from callbacks.utils import notices
 from datamodules.digits import DigitsDataModule
 from recipes.classifier import ImageClassifier
-from tests.conftest import RecordingLogger
+from tests.conftest import RecordingLogger, free_port
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -165,9 +164,7 @@ def test_hanging_endpoint_does_not_hold_up_training(tmp_path: Path) -> None:
 
 
 def test_unreachable_endpoint_warns_once_and_backs_off(caplog: pytest.LogCaptureFixture) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed once we leave: connection refused
+    port = free_port()  # closed once it returns: connection refused
     seen: list[notices.Notice] = []
     poller = notices.NoticePoller("aws", seen.append, f"http://127.0.0.1:{port}", interval_s=0.01,
                                   timeout_s=0.2, max_backoff_s=0.08)

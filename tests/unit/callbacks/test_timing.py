@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from callbacks.timing import (
     union_length,
 )
 from recipes.shutdown import destroy_process_group, exit_process
-from tests.conftest import RecordingLogger
+from tests.conftest import RecordingLogger, free_port
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -340,16 +339,10 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
     exit_process(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_comm_hooks_fire_per_bucket_on_gloo(tmp_path: Path) -> None:
-    mp.spawn(_ddp_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_ddp_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     params = 16 * 256 + 256 + 256 * 256 + 256 + 256 * 4 + 4  # 71,172
     # PowerSGD rank 1 sends (rows + cols) per weight matrix and every bias as is

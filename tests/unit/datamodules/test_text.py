@@ -22,18 +22,11 @@ import torch
 from callbacks.spot import SpotCheckpoint
 from datamodules import text
 from datamodules.text import TextDataModule, ngram_bits_per_byte, plan_splits, split_key
+from tests.conftest import CORPUS_FILES, write_corpus
 
-FILES = {f"pkg/mod{i:02d}.py": f"# module {i}\n" + "x = 1\n" * (i + 1) for i in range(20)}
+FILES = CORPUS_FILES
 # distinct bytes everywhere, so that a window's content tells where it starts
 VARIED = {f"v{i:02d}.py": "".join(random.Random(i).choices(string.ascii_letters, k=40 + i)) for i in range(20)}
-
-
-def write_corpus(root: Path, files: dict[str, str]) -> Path:
-    for rel, content in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
-    return root
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,24 +23,10 @@ import torch
 from torchvision.datasets import CIFAR10, MNIST
 
 from datamodules.vision import CIFAR10DataModule, MNISTDataModule
+from tests.conftest import write_mnist
 
 N_TRAIN, N_TEST = 100, 20
 SPECIAL_ID, SPECIAL_PIXEL = 7, (3, 5)  # image 7's last channel holds 255 at row 3, column 5
-
-
-def _write_idx(path: Path, array: np.ndarray) -> None:
-    """IDX: big-endian magic (0x0000, type 0x08 = uint8, ndim), big-endian int32 dims, raw bytes."""
-    magic = 0x0800 + array.ndim  # 2051 for images (3 dims), 2049 for labels (1 dim)
-    header = struct.pack(f">{1 + array.ndim}I", magic, *array.shape)
-    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
-
-
-def _write_mnist(root: Path, train: np.ndarray, test: np.ndarray) -> None:
-    raw = root / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for prefix, images in (("train", train), ("t10k", test)):
-        _write_idx(raw / f"{prefix}-images-idx3-ubyte", images[:, 0])  # (N, 28, 28)
-        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", np.arange(len(images)) % 10)
 
 
 def _pickle(path: Path, obj: dict) -> None:
@@ -111,7 +96,7 @@ class Spec:
 
 
 SPECS = {
-    "mnist": Spec(MNISTDataModule, "MNIST", (1, 28, 28), (0.1307,), (0.3081,), "MNIST/raw", _write_mnist),
+    "mnist": Spec(MNISTDataModule, "MNIST", (1, 28, 28), (0.1307,), (0.3081,), "MNIST/raw", write_mnist),
     "cifar": Spec(
         CIFAR10DataModule,
         "CIFAR-10",

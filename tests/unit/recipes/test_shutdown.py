@@ -10,13 +10,14 @@ active exception", SIGABRT: 7 runs in 8 when this test was written).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -56,17 +57,11 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_pair(tmp_path: Path, case: str, world_size: int = 2) -> list[subprocess.CompletedProcess]:
     """Both ranks of ``case`` to the end; each one's exit code, stdout and stderr."""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world_size):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
