@@ -7,7 +7,8 @@ PyTorch network as its ``network`` artifact. Any other module is logged with ``m
 Either way the model gets an input example and a signature (the network's pt2 format needs the example).
 Under FSDP the parameters are sharded: the full state dict is gathered (a collective on every rank) into
 an unsharded copy of the module on rank 0 first. A fit that stopped on an interruption notice is not
-finished, so nothing is logged then.
+finished, so nothing is logged then. A process killed while it logs leaves the run RUNNING with a PENDING
+model; the relaunch finishes the run, marks that model FAILED and logs the model again.
 
 Copy with it: ``utils/served_classifier.py`` and ``analysis/decision_cost.py`` (for classifiers).
 """
@@ -145,9 +146,30 @@ class LogModel(Callback):
         self.model_uri = info.model_uri
         log.info("Logged model %s", self.model_uri)
 
+    @staticmethod
+    def discard_pending(client: mlflow.MlflowClient, run_id: str) -> list[str]:
+        """Mark FAILED the models of run ``run_id`` still PENDING: a process killed while it logged one left them.
+
+        MLflow registers a logged model as PENDING before it writes it and as READY after; a SIGKILL
+        between the two leaves a model that will never be complete on the run. The relaunch that
+        logs the model again (one launch per run at a time: the run lock) marks those FAILED first.
+        Returns their ids.
+        """
+        from mlflow.entities import LoggedModelStatus
+
+        experiment_id = client.get_run(run_id).info.experiment_id
+        pending = [m for m in client.search_logged_models([experiment_id], filter_string=f"source_run_id = '{run_id}'")
+                   if m.status == LoggedModelStatus.PENDING]
+        for orphan in pending:
+            client.finalize_logged_model(orphan.model_id, LoggedModelStatus.FAILED)
+            log.warning("Model %s of MLflow run %s was left half-logged by an earlier attempt; marked FAILED.",
+                        orphan.model_id, run_id)
+        return [m.model_id for m in pending]
+
     def _log(self, model: torch.nn.Module, run_id: str, example: torch.Tensor | None) -> Any:
         client = mlflow.MlflowClient()
         status = client.get_run(run_id).info.status
+        self.discard_pending(client, run_id)
         with mlflow.start_run(run_id=run_id):
             if is_classifier(model):
                 info = self._log_classifier(model, example)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from callbacks.storage import ckpt_store
-from tests.conftest import CONFIGS, FAST, cli_env, client_for, runs_of, seed_mlflow_db
+from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit, runs_of, seed_mlflow_db
 
 DIGITS = str(CONFIGS / "digits.yaml")
 
@@ -414,3 +414,39 @@ def test_two_ctrl_c_presses_exit_130_with_the_message_once(tmp_path: Path, after
     assert "Traceback" not in err
     (run,) = runs_of(tmp_path, "digits")
     assert run.info.status == "KILLED"
+
+
+# ------------------------------------------------ 7. smaller: a SIGKILL while the model is being logged
+
+
+def test_a_model_half_logged_by_a_killed_launch_is_marked_failed_by_the_relaunch(tmp_path: Path) -> None:
+    from mlflow.entities import LoggedModelStatus
+
+    args = ("--config", DIGITS, *FAST, "--run_name", "m", "--trainer.max_steps", "3")
+    env = cli_env(tmp_path)
+    client = client_for(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "recipes.fit", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pending = []
+    try:
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and not pending and time.monotonic() < deadline:
+            experiment = client.get_experiment_by_name("digits")
+            if experiment is not None:
+                pending = [m for m in client.search_logged_models([experiment.experiment_id])
+                           if m.status == LoggedModelStatus.PENDING]
+            time.sleep(0.02)
+    finally:
+        proc.kill()  # SIGKILL, while MLflow writes the model
+        proc.wait()
+    assert len(pending) == 1, "the launch ended before its model was seen PENDING"
+    (run,) = runs_of(tmp_path, "digits")
+    assert pending[0].source_run_id == run.info.run_id
+
+    relaunch = run_fit(tmp_path, *args, env=env)
+    assert relaunch.returncode == 0, relaunch.stderr[-3000:]
+    models = {m.model_id: m.status for m in client.search_logged_models([run.info.experiment_id])}
+    assert models.pop(pending[0].model_id) == LoggedModelStatus.FAILED
+    assert list(models.values()) == [LoggedModelStatus.READY]
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    assert f"Model {pending[0].model_id} of MLflow run {run.info.run_id} was left half-logged" in relaunch.stderr
