@@ -25,7 +25,17 @@ import torch
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE
 from callbacks.storage import ckpt_store
 from recipes.run_lock import LOCK_NAME
-from tests.conftest import CONFIGS, FAST, cli_env, client_for, fit_command, run_fit, runs_of
+from tests.conftest import (
+    CONFIGS,
+    FAST,
+    CliResult,
+    cli_env,
+    client_for,
+    fit_command,
+    free_port,
+    run_fit,
+    runs_of,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -68,7 +78,7 @@ def statuses(workdir: Path, experiment: str = "digits") -> list[tuple[str, str]]
     return sorted((r.info.run_name, r.info.status) for r in runs_of(workdir, experiment))
 
 
-def stderr_lines(result: subprocess.CompletedProcess) -> list[str]:
+def stderr_lines(result: subprocess.CompletedProcess | CliResult) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.strip()]
 
 
@@ -90,6 +100,8 @@ def test_kill_after_run_creation_before_first_checkpoint_keeps_one_run(tmp_path:
         assert statuses(tmp_path) == [("k", "KILLED")]
     else:  # DDP: a rank killed while the ranks meet makes Lightning SIGKILL the others (RUNNING until relaunched)
         assert code in (REQUEUE_EXIT_CODE, -signal.SIGKILL)
+        # an orderly stop marks the run KILLED; after the launcher's SIGKILL nothing could mark it
+        assert statuses(tmp_path) == [("k", "KILLED" if code == REQUEUE_EXIT_CODE else "RUNNING")]
     run_fit(tmp_path, *args, check=True)
     assert statuses(tmp_path) == [("k", "FINISHED")]
 
@@ -103,12 +115,13 @@ def test_kill_in_the_first_second_then_relaunch(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- 2. double launches
-def test_second_launch_of_a_live_run_is_refused(tmp_path: Path) -> None:
+def test_second_launch_of_a_live_run_is_refused(tmp_path: Path, fit_in_process: Callable[..., CliResult]) -> None:
     args = (*SHORT, "--trainer.max_epochs", "200", "--run_name", "twice")  # long enough to be live throughout
     first = launch(tmp_path, *args)
     lock = tmp_path / "runs/digits/twice" / LOCK_NAME
     wait_for(lambda: lock.exists() and bool(lock.read_text()), first)
-    second = run_fit(tmp_path, *args)
+    wait_for(mlflow_run_exists(tmp_path), first)  # and its MLflow run is open: the one the relaunch must not touch
+    second = fit_in_process(*args)
     assert first.poll() is None  # the first one was live during the whole second launch
     assert second.returncode == 2
     (line,) = stderr_lines(second)
@@ -150,8 +163,11 @@ def test_a_kill_while_the_new_store_is_migrated_leaves_a_usable_store(tmp_path: 
     wait_for(lambda: bool(list(tmp_path.glob(".mlflow.db.creating-*"))), proc)
     time.sleep(0.3)  # inside MLflow's migration of the temporary database
     kill_group(proc, signal.SIGKILL)
-    # either no store yet or a complete one: never a half-migrated store under the real name
-    assert not (tmp_path / "mlflow.db").exists() or client_for(tmp_path).search_experiments() is not None
+    # either no store yet or a complete one: never a half-migrated store under the real name (a complete one
+    # answers a query and holds MLflow's Default experiment; the launch may have created "digits" too)
+    if (tmp_path / "mlflow.db").exists():
+        names = {e.name for e in client_for(tmp_path).search_experiments()}
+        assert "Default" in names and names <= {"Default", "digits"}, names
     run_fit(tmp_path, *SHORT, "--run_name", "m", env=env, check=True)
     assert statuses(tmp_path) == [("m", "FINISHED")]
     assert not list(tmp_path.glob(".mlflow.db.creating-*"))  # the dead launch's debris was cleared
@@ -160,6 +176,7 @@ def test_a_kill_while_the_new_store_is_migrated_leaves_a_usable_store(tmp_path: 
 # --------------------------------------------------------------------- 4. a changed config on resume
 def test_a_resume_that_would_ignore_a_changed_config_is_refused(tmp_path: Path) -> None:
     run_fit(tmp_path, *SHORT, "--run_name", "c", check=True)
+    # a real process: the refused launch held the run's lock, which its exit releases
     changed = run_fit(tmp_path, *SHORT, "--run_name", "c", "--trainer.max_epochs", "2",
                       "--model.init_args.optimizer.init_args.lr", "0.01")
     assert changed.returncode == 2
@@ -178,16 +195,27 @@ def test_a_resume_that_would_ignore_a_changed_config_is_refused(tmp_path: Path) 
 
 
 # ------------------------------------------------------------------------ 5. bad checkpoint inputs
-def _finished_run(workdir: Path) -> Path:
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with one finished run, ``src`` (its MLflow store and run directory), trained once for the module."""
+    workdir = tmp_path_factory.mktemp("source-run")
     run_fit(workdir, *SHORT, "--run_name", "src", check=True)
+    return workdir
+
+
+def _finished_run(source: Path, workdir: Path) -> Path:
+    """A copy of ``source``'s finished run in ``workdir``; the path of its newest good checkpoint there."""
+    for name in ("mlflow.db", "runs"):
+        (shutil.copytree if (source / name).is_dir() else shutil.copy)(source / name, workdir / name)
     record = ckpt_store.newest_good(workdir / "runs/digits/src/checkpoints", CHECKPOINT_PATTERN)
     assert record is not None
     return record.path
 
 
 @pytest.mark.parametrize("kind", ["text", "truncated", "truncated-with-record"])
-def test_a_bad_ckpt_path_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> None:
-    good = _finished_run(tmp_path)
+def test_a_bad_ckpt_path_is_one_line_and_exit_2(source_run: Path, tmp_path: Path, kind: str,
+                                               fit_in_process: Callable[..., CliResult]) -> None:
+    good = _finished_run(source_run, tmp_path)
     bad = tmp_path / "bad.ckpt"
     if kind == "text":
         bad.write_text("this is not a checkpoint\n")
@@ -195,7 +223,7 @@ def test_a_bad_ckpt_path_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> No
         bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
         if kind == "truncated-with-record":
             shutil.copy(ckpt_store.meta_path(good), ckpt_store.meta_path(bad))
-    result = run_fit(tmp_path, *SHORT, "--run_name", "bad", "--ckpt_path", str(bad))
+    result = fit_in_process(*SHORT, "--run_name", "bad", "--ckpt_path", str(bad))
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in stderr_lines(result) if line.startswith("error:")]
     assert len(errors) == 1 and str(bad) in errors[0]
@@ -225,9 +253,10 @@ def small_mount(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
         subprocess.run(["umount", "-l", str(target)], check=False)
 
 
-def test_a_read_only_runs_root_is_one_line_and_exit_2(tmp_path: Path, small_mount: Callable[[str], Path]) -> None:
+def test_a_read_only_runs_root_is_one_line_and_exit_2(tmp_path: Path, small_mount: Callable[[str], Path],
+                                                      fit_in_process: Callable[..., CliResult]) -> None:
     root = small_mount("ro,size=1m")
-    result = run_fit(tmp_path, *SHORT, "--run_name", "ro", "--runs_root", str(root))
+    result = fit_in_process(*SHORT, "--run_name", "ro", "--runs_root", str(root))
     assert result.returncode == 2
     (line,) = stderr_lines(result)
     assert line.startswith(f"error: --runs_root {root}: cannot write the run directory")
@@ -295,12 +324,9 @@ def test_a_password_in_a_url_reaches_no_file_param_tag_artifact_or_message(tmp_p
     assert "user:***@" in (tmp_path / "runs/digits/sec/config.yaml").read_text()
 
 
-def test_a_password_in_the_tracking_uri_is_never_printed(tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = cli_env(tmp_path, MLFLOW_TRACKING_URI=f"http://alice:{SECRET}@127.0.0.1:{port}")
-    result = run_fit(tmp_path, *SHORT, "--run_name", "sec", env=env)
+def test_a_password_in_the_tracking_uri_is_never_printed(fit_in_process: Callable[..., CliResult]) -> None:
+    port = free_port()
+    result = fit_in_process(*SHORT, "--run_name", "sec", MLFLOW_TRACKING_URI=f"http://alice:{SECRET}@127.0.0.1:{port}")
     assert result.returncode == 2
     (line,) = stderr_lines(result)
     assert line == f"error: MLflow tracking server http://127.0.0.1:{port} is unreachable ([Errno 111] Connection " \
