@@ -152,7 +152,9 @@ def _main(argv: list[str] | None) -> int:
                 "enqueue": args.enqueue, "experiment": recipe.experiment}
     study, _ = open_study(storage, args.storage, args.name, "maximize" if args.mode == "max" else "minimize",
                           settings, args.trials, args.enqueue)
-    console = Console(stderr=False, width=max(120, Console().width))
+    console = Console(stderr=False)
+    if not console.is_terminal:  # a log file or a pipe: wide enough that the trials table prints whole
+        console = Console(stderr=False, width=200)
     return Sweep(args, extra, space, recipe, study, storage, console).run()
 
 
