@@ -112,8 +112,9 @@ def check_location(flag: str, value: object) -> None:
     ``AWS_SECRET_ACCESS_KEY``, ``GOOGLE_APPLICATION_CREDENTIALS``, ``AZURE_STORAGE_*``).
     """
     if isinstance(value, str) and tracking.has_credentials(value):
-        raise UsageError(f"{flag} {redact(value)}: credentials in a storage URL would be stored with the run and "
-                         "printed; give them through the store's own configuration (e.g. AWS_ACCESS_KEY_ID and "
+        shown = tracking.mask_userinfo(value)
+        raise UsageError(f"{flag} {shown}: credentials in a storage URL would be stored with the run and printed; "
+                         "give them through the store's own configuration (e.g. AWS_ACCESS_KEY_ID and "
                          "AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS), not in the URL.")
 
 

@@ -12,7 +12,8 @@
   a half-migrated one refuses every later run).
 - :func:`find_run`: the MLflow run that a run directory belongs to, by the ``atscale.run_dir`` tag
   set when the run is created, so a relaunch after a kill before the first checkpoint continues it.
-- :func:`redact`: passwords and tokens in URLs replaced by ``***`` in any text that is stored or printed.
+- :func:`redact`: passwords in URLs replaced by ``***`` in any text that is stored or printed;
+  :func:`mask_userinfo` masks a lone token too.
 
 Imports no torch or Lightning (the tools that do not train use it too).
 """
@@ -41,16 +42,23 @@ class TrackingError(Exception):
     """The tracking store cannot be used as configured (reported as one line, exit code 2)."""
 
 
-def _mask_userinfo(match: re.Match[str]) -> str:
+def _mask_password(match: re.Match[str]) -> str:
     user, colon, _ = match["userinfo"].partition(":")
-    # user:password -> user:***; a lone token (scheme://TOKEN@host) is all secret
-    return f"{match['scheme']}{user}:***@" if colon else f"{match['scheme']}***@"
+    return f"{match['scheme']}{user}:***@" if colon else match[0]
 
 
 def redact(text: str) -> str:
-    """``text`` with the secret of every URL in it replaced by ``***``: the password of ``scheme://user:password@``
-    and the whole of a token-only ``scheme://TOKEN@``."""
-    return _URL_USERINFO.sub(_mask_userinfo, text)
+    """``text`` with the password of every ``scheme://user:password@`` URL in it replaced by ``***``.
+
+    A lone ``scheme://name@`` is left as it is (it reads as a user name); where a URL is known to
+    carry a secret there, use :func:`mask_userinfo`.
+    """
+    return _URL_USERINFO.sub(_mask_password, text)
+
+
+def mask_userinfo(text: str) -> str:
+    """``text`` with the whole userinfo of every URL in it replaced by ``***`` (``http://TOKEN@host`` included)."""
+    return _URL_USERINFO.sub(lambda m: f"{m['scheme']}***@", text)
 
 
 def has_credentials(url: str) -> bool:

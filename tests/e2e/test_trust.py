@@ -362,7 +362,7 @@ def test_runs_root_with_credentials_exits_2_and_creates_nothing(fit_here, tracke
     root = f"file://u:PASSWORD@localhost{tracked}/runs"
     assert fit_here("--runs_root", root, "--trainer.max_steps", "1") == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"error: --runs_root file://u:***@localhost{tracked}/runs: credentials in a storage URL would be "
+    assert err == (f"error: --runs_root file://***@localhost{tracked}/runs: credentials in a storage URL would be "
                    "stored with the run and printed; give them through the store's own configuration (e.g. "
                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS), not in the URL.")
     assert _tree(tracked) == before

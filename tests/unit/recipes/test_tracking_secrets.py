@@ -43,9 +43,17 @@ def test_token_only_userinfo_becomes_a_bearer_token_not_a_user(monkeypatch: pyte
 
 @pytest.mark.parametrize("text, shown", [
     ("http://TOKEN123@host:5000/x", "http://***@host:5000/x"),
-    ("MLflow at https://u:pw@h and s3://bucket/key", "MLflow at https://u:***@h and s3://bucket/key"),
-    ("file://u:PASSWORD@localhost/runs", "file://u:***@localhost/runs"),
+    ("MLflow at https://u:pw@h and s3://bucket/key", "MLflow at https://***@h and s3://bucket/key"),
+    ("file://u:PASSWORD@localhost/runs", "file://***@localhost/runs"),
     ("http://host/path@v2", "http://host/path@v2"),
 ])
-def test_redact_masks_passwords_and_lone_tokens(text: str, shown: str) -> None:
-    assert tracking.redact(text) == shown
+def test_mask_userinfo_masks_passwords_and_lone_tokens(text: str, shown: str) -> None:
+    assert tracking.mask_userinfo(text) == shown
+
+
+def test_a_token_in_the_tracking_uri_is_never_printed_by_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token leaves the URI before anything prints it: the URI the CLI shows and stores is the bare host."""
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://TOKEN123@mlflow.example")
+    assert "TOKEN123" not in tracking.tracking_uri()
