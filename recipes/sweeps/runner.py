@@ -11,7 +11,8 @@ trial process ends        trial
 ========================  ======================================================================
 0, pruned                 PRUNED (the run is FINISHED, tagged ``pruned``)
 0                         COMPLETE, valued by its last reported metric
-75 (saved on a notice)    back to WAITING: the next claimant resumes it from its checkpoints
+75 (saved on a notice)    back to WAITING: the next claimant resumes it from its checkpoints (also a
+                          trial this process stopped before it could save: killed by the SIGTERM)
 anything else             FAIL (its log: ``<sweep dir>/trial-<number>.log``)
 ========================  ======================================================================
 
@@ -83,6 +84,23 @@ class Child:
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def outcome(code: int, pruned: bool, reported: bool, stopping: bool) -> str:
+    """How a trial whose process exited with ``code`` ended: ``WAITING`` (to resume), ``PRUNED``, ``COMPLETE``
+    or ``FAIL``.
+
+    75 is a save on a notice. While this process is stopping, a trial it sent SIGTERM before the trial had
+    taken the signals over (its first seconds, importing) dies of it (-15) or stops with 130: it lost
+    nothing a relaunch cannot redo, so it goes back to the queue too, never to FAIL.
+    """
+    if code == REQUEUE_EXIT_CODE or (stopping and code in (-signal.SIGTERM, SIGINT_EXIT_CODE)):
+        return "WAITING"
+    if code == 0 and pruned:
+        return "PRUNED"
+    if code == 0 and reported:
+        return "COMPLETE"
+    return "FAIL"
 
 
 def gpu_slots(parallel: int) -> list[str]:
@@ -214,23 +232,22 @@ class Sweep:
         """Tell the study how the trial process ended (module docstring's table)."""
         frozen = self.storage.get_trial(child.trial_id)
         number = child.number
-        if code == REQUEUE_EXIT_CODE:
+        state = outcome(code, PRUNED_ATTR in frozen.user_attrs, bool(frozen.intermediate_values),
+                        self.stop_signal is not None)
+        if state == "WAITING":
             release(self.storage, child.trial_id)
-            self.console.print(f"trial {number} interrupted after a checkpoint: back in the queue (resumes on "
+            self.console.print(f"trial {number} interrupted (exit {code}): back in the queue (resumes on "
                                "relaunch)", highlight=False)
             return
-        if code == 0 and PRUNED_ATTR in frozen.user_attrs:
+        if state == "PRUNED":
             self.study.tell(number, state=TrialState.PRUNED)
-            state = "PRUNED"
-        elif code == 0 and frozen.intermediate_values:
+        elif state == "COMPLETE":
             last = frozen.intermediate_values[max(frozen.intermediate_values)]
             self.study.tell(number, last)
-            state = "COMPLETE"
         else:
             why = f"exit {code}" if code else f"it reported no {self.args.metric}"
             self.storage.set_trial_user_attr(child.trial_id, "failure", why)
             self.study.tell(number, state=TrialState.FAIL)
-            state = "FAIL"
             self.console.print(f"trial {number} failed ({why}); log {child.log}", highlight=False)
         run_id = frozen.user_attrs.get(RUN_ID_ATTR)
         if run_id:

@@ -114,8 +114,9 @@ def test_six_trial_sweep_finishes_with_six_child_runs_and_a_best_trial_that_prom
 
 def test_a_hopeless_learning_rate_is_pruned_after_its_first_epoch_and_its_run_is_not_failed(tmp_path: Path) -> None:
     write_space(tmp_path)
-    run_sweep(tmp_path, "prune", 2, "--pruner", "median", "--pruner-startup", "1", "--trainer.max_epochs", "3",
-              "--log_model", "false", "--enqueue", json.dumps({LR: 0.003}), "--enqueue", json.dumps({LR: 50.0}))
+    run_sweep(tmp_path, "prune", 2, "--pruner", "median", "--pruner-startup", "1", "--pruner-warmup", "0",
+              "--trainer.max_epochs", "3", "--log_model", "false", "--cost.instance", "a3-highgpu-1g",
+              "--enqueue", json.dumps({LR: 0.003}), "--enqueue", json.dumps({LR: 50.0}))
     good, hopeless = study_of(tmp_path, "prune").get_trials()
     assert good.state == TrialState.COMPLETE and sorted(good.intermediate_values) == [0, 1, 2]
     assert hopeless.params[LR] == 50.0
@@ -127,6 +128,12 @@ def test_a_hopeless_learning_rate_is_pruned_after_its_first_epoch_and_its_run_is
     assert run.data.tags["pruned"] == "true" and run.data.tags["sweep.state"] == "PRUNED"
     history = client_for(tmp_path).get_metric_history(run.info.run_id, "val/acc")
     assert len(history) == 1
+    # what pruning saved: the rest of the pruned run's own projection when it stopped (2 of its 3 epochs)
+    saved = run.data.metrics["cost/projected_usd"] - run.data.metrics["cost/usd"]
+    assert saved > 0
+    parent = parent_run(tmp_path, "prune")
+    assert parent.data.metrics["sweep/saved_by_pruning_usd"] == saved
+    assert parent.data.metrics["sweep/trials_pruned"] == 1.0
 
 
 def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen) -> None:

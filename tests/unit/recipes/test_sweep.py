@@ -332,3 +332,22 @@ def test_parallel_trials_divide_the_visible_gpus_and_share_when_there_are_fewer(
     assert gpu_slots(4) == []
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert gpu_slots(2) == []
+
+
+@pytest.mark.parametrize(("code", "pruned", "reported", "stopping", "state"), [
+    (75, False, True, False, "WAITING"),  # saved on a notice of its own
+    (75, False, True, True, "WAITING"),
+    (-15, False, False, True, "WAITING"),  # our SIGTERM reached it while it was still importing
+    (130, False, False, True, "WAITING"),
+    (-15, False, False, False, "FAIL"),  # killed by someone else
+    (0, True, True, False, "PRUNED"),
+    (0, False, True, False, "COMPLETE"),
+    (0, False, False, False, "FAIL"),  # it never reported the metric
+    (1, False, True, False, "FAIL"),
+    (-9, False, True, True, "FAIL"),
+])
+def test_how_a_trial_process_ended_decides_the_trial_state(code: int, pruned: bool, reported: bool, stopping: bool,
+                                                           state: str) -> None:
+    from recipes.sweeps.runner import outcome
+
+    assert outcome(code, pruned, reported, stopping) == state
