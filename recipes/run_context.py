@@ -268,14 +268,17 @@ def explicit_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> tuple[str, str 
     return str(path), local.extra.get("mlflow_run_id") if local else None
 
 
-def _belongs(run: Any, ctx: RunContext) -> bool:
-    """Whether MLflow run ``run`` is the record of the run ``ctx`` describes (not merely one a checkpoint names)."""
-    tags = run.data.tags
-    if tracking.RUN_DIR_TAG in tags:
-        return tags[tracking.RUN_DIR_TAG] == ctx.identity
-    # a record of code older than the tag: the same experiment and run name
-    return tags.get("mlflow.runName") == ctx.run_name and getattr(run.info, "experiment_name", None) in (
-        None, ctx.experiment)
+def _belongs(client: Any, run: Any, ctx: RunContext) -> bool:
+    """Whether MLflow run ``run`` is the record of the run ``ctx`` describes (not merely one a checkpoint names).
+
+    Its ``atscale.run_dir`` tag names this run's files, or it has this run's experiment and name (the
+    run directory was moved, or copied to another machine, with its checkpoints).
+    """
+    if run.data.tags.get(tracking.RUN_DIR_TAG) == ctx.identity:
+        return True
+    experiment = client.get_experiment_by_name(ctx.experiment)
+    return (experiment is not None and run.info.experiment_id == experiment.experiment_id
+            and run.info.run_name == ctx.run_name)
 
 
 def mlflow_run_of(client: Any, ctx: RunContext, ckpt_path: str | None, ckpt_run_id: str | None,
@@ -283,8 +286,9 @@ def mlflow_run_of(client: Any, ctx: RunContext, ckpt_path: str | None, ckpt_run_
     """The MLflow run this launch continues: the run it is launched as, never another run's.
 
     A checkpoint names the MLflow run that wrote it. That run is continued only if it is this run's own
-    record (its ``atscale.run_dir`` tag names this run's files); a checkpoint of another run (``--ckpt_path
-    runs/digits/cc/...`` launched as ``other``) starts or continues ``other``'s own record instead.
+    record (its ``atscale.run_dir`` tag names this run's files, or it has this run's experiment and name);
+    a checkpoint of another run (``--ckpt_path runs/digits/cc/...`` launched as ``other``) starts or
+    continues ``other``'s own record instead.
     Otherwise the run's own record is found by its tag (a run killed before its first checkpoint), or
     there is none and a new one is opened.
 
@@ -302,7 +306,7 @@ def mlflow_run_of(client: Any, ctx: RunContext, ckpt_path: str | None, ckpt_run_
         run = client.get_run(ckpt_run_id)
     except MlflowException:
         run = None
-    if run is not None and _belongs(run, ctx):
+    if run is not None and _belongs(client, run, ctx):
         return ckpt_run_id
     store = redact(ctx.tracking_uri)
     if run is None and not explicit and own is None:

@@ -247,6 +247,17 @@ def test_ckpt_path_of_another_run_starts_this_runs_own_record(fit_here, tracked:
     assert len(runs_of(tracked, "digits")) == 2
 
 
+def test_a_moved_run_directory_still_continues_its_own_record(fit_here, tracked: Path) -> None:
+    """Same experiment and run name, the folder moved: still the run it is launched as (kept from before)."""
+    assert fit_here("--run_name", "mv", "--trainer.max_steps", "3") == 0
+    (tracked / "runs").rename(tracked / "moved")
+    assert fit_here("--run_name", "mv", "--runs_root", "moved", "--trainer.max_steps", "4") == 0
+    (run,) = runs_of(tracked, "digits")
+    assert run.info.status == "FINISHED"
+    record = ckpt_store.newest_good(tracked / "moved/digits/mv/checkpoints")
+    assert (record.global_step, record.extra["mlflow_run_id"]) == (4, run.info.run_id)
+
+
 # ------------------------------------------------------------ 5. resume against a store without the run
 
 
