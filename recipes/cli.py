@@ -50,6 +50,7 @@ from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.cost import CostTracker
 from callbacks.cpu_threads import AdaptiveCpuThreads
+from callbacks.elastic import ElasticResume
 from callbacks.manifest import Manifest, git_state
 from callbacks.mlflow_model import LogModel
 from callbacks.model_checkpoint import PublishedModelCheckpoint
@@ -266,6 +267,7 @@ class AtscaleCLI(LightningCLI):
         })
         parser.add_lightning_class_args(SpotCheckpoint, "spot")
         parser.add_lightning_class_args(CostTracker, "cost")
+        parser.add_lightning_class_args(ElasticResume, "elastic")
         # dollars move slowly: a point every 100 steps draws the curve at a tenth of the store writes
         parser.set_defaults({"cost.log_every_n_steps": 100})
 
