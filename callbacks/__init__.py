@@ -18,6 +18,7 @@ from typing import Any
 #: Public name -> module (relative to this package) that defines it.
 _EXPORTS = {
     "AdaptiveCpuThreads": "cpu_threads",
+    "FixedCpuThreads": "cpu_threads",
     "Baselines": "baselines",
     "AtomicCheckpointIO": "checkpoint_io",
     "BoundedAsyncCheckpointIO": "checkpoint_io",

@@ -1,23 +1,22 @@
-"""CPU threads that follow the machine: every core while it is quiet, fewer while other work holds some.
+"""CPU threads for a run: held fixed for its whole life (exact), or following the machine's load (opt-in).
 
-Torch's OpenMP threads spin while they wait for each other, which is the fastest way to run a
-model on a dedicated machine and the slowest beside another busy process: a thread whose core is
-taken holds up the whole team while the others spin on the cores left (the digits recipe on 2
-cores: 11.5 ms a step quiet, 77 ms beside one busy loop). Sleeping threads (``OMP_WAIT_POLICY=PASSIVE``)
-do not collapse but cost 1.8x on the quiet machine; one thread suits this tiny model either way but
-halves a wider model's quiet speed. No fixed setting is right everywhere (``python -m recipes.bench
-contention``), so this callback measures instead: it times the training steps at the current thread
-count, every so often tries the other candidate counts for a few steps, and keeps whichever is
-fastest now. Probes back off (doubling their interval) while they find nothing better, and start at
-once when steps slow down by half.
+CPU results depend on torch's intra-op thread count, which decides how each reduction is split, and on
+nothing else about the machine: the same digits run with its count changed mid-run (2 -> 1) ends with
+every tensor different, while with one count held it gives the same weights on a quiet machine and
+beside busy work. Two callbacks, for the two things a user may want:
 
-It acts only on a single-process CPU run: a multi-process launcher (Lightning's, torchrun) already
-divides the cores among its processes, and a GPU step's CPU threads are not its bottleneck. It
-leaves the thread count as it found it when the fit ends.
+- :class:`FixedCpuThreads` (``--cpu_threads auto``, the default): the count the run starts with (torch's
+  own: every core for one process, a launcher's division for several, or ``OMP_NUM_THREADS``) is saved
+  in every checkpoint and set again on resume, so that a relaunch on a busy or a different machine
+  continues bitwise;
+- :class:`AdaptiveCpuThreads` (``--cpu_threads adaptive``): times the steps and moves to whichever
+  count is fastest now (fewer threads beside busy work, where OpenMP's spinning team collapses). Its
+  probes and switches change the numerics, so a run using it is neither bitwise resumable nor
+  reproducible: an explicit opt-in for throughput on a shared machine.
 
 Example::
 
-    trainer = Trainer(accelerator="cpu", callbacks=[AdaptiveCpuThreads()])
+    trainer = Trainer(accelerator="cpu", callbacks=[FixedCpuThreads()])
 
 Copy with it: nothing; this file works alone.
 """
@@ -174,6 +173,16 @@ class ThreadChooser:
 class AdaptiveCpuThreads(Callback):
     """Keeps torch's intra-op thread count at whichever candidate makes training steps fastest now.
 
+    Torch's OpenMP threads spin while they wait for each other: the fastest on a dedicated machine, the
+    slowest beside another busy process, where a thread whose core is taken holds up the whole team.
+    This callback times the training steps at the current count, every so often tries the other
+    candidate counts for a few steps, and keeps whichever is fastest now; probes back off (doubling their
+    interval) while they find nothing better, and start at once when steps slow down by half. It acts
+    only on a single-process CPU run and leaves the count as it found it when the fit ends.
+
+    Every probe and switch changes how reductions are split, so the weights depend on the machine's
+    load: a resumed or reproduced run is not bitwise identical. Use :class:`FixedCpuThreads` for that.
+
     Args:
         candidates: thread counts to try; default: all of torch's threads at the start, all but one,
             half, and one (see :func:`candidate_counts`).
@@ -245,3 +254,92 @@ class AdaptiveCpuThreads(Callback):
             torch.set_num_threads(self._initial_threads)  # the process as it was found
             self._initial_threads = None
         self.chooser = None
+
+
+#: What :class:`FixedCpuThreads` keeps in a checkpoint (its ``state_dict``).
+_THREADS_KEY, _WORLD_KEY = "threads", "world_size"
+
+
+class FixedCpuThreads(Callback):
+    """Holds torch's intra-op thread count for a run's whole life, and sets it again on resume.
+
+    The count is the one the first launch of the run starts with; it is saved in every checkpoint, and a
+    resume with the same world size sets it again (with one line when the new process would have used
+    another), whatever the machine's load or core count. A resume at another world size keeps the
+    launcher's division: its reductions differ anyway. The count is logged as ``cpu/threads`` at the
+    run's start (and where a resume changes it), so ``recipes.reproduce`` can rerun with it. On a GPU
+    run it does nothing.
+
+    Args:
+        threads: the count to hold on a fresh run; ``None``: torch's count when the fit starts.
+
+    Raises:
+        ValueError: for ``threads < 1``.
+
+    Example::
+
+        trainer = Trainer(accelerator="cpu", callbacks=[FixedCpuThreads()])
+        trainer.fit(model, datamodule, ckpt_path=...)  # resumes with the count saved in the checkpoint
+    """
+
+    def __init__(self, threads: int | None = None) -> None:
+        if threads is not None and threads < 1:
+            raise ValueError(f"FixedCpuThreads(threads={threads!r}): expected a positive count.")
+        self._requested = threads
+        #: The count this run holds (``None`` until a CPU fit starts).
+        self.threads: int | None = None
+        self._saved: dict[str, int] | None = None
+        self._world_size = 1
+        self._initial_threads: int | None = None
+        self._changed = True
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit" or not isinstance(trainer.accelerator, CPUAccelerator):
+            self.threads = None
+            return
+        self._initial_threads = torch.get_num_threads()
+        self._world_size = trainer.world_size
+        self.threads = self._requested or self._initial_threads
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # a resume's saved state is loaded between setup and here (before any training step)
+        saved, self._saved = self._saved, None
+        if self._initial_threads is None or self.threads is None:
+            return
+        self._changed = saved is None  # a first launch: its count is news
+        if saved is not None and saved.get(_WORLD_KEY) == self._world_size:
+            self.threads = int(saved[_THREADS_KEY])
+            if self.threads != self._initial_threads and trainer.is_global_zero:
+                log.info("CPU threads: %d, as this run started with (this process would have used %d), so that "
+                         "the resumed run continues bitwise.", self.threads, self._initial_threads)
+        elif saved is not None:
+            self.threads = self._initial_threads  # another world size: the launcher's division stands
+            self._changed = self.threads != saved.get(_THREADS_KEY)
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # logged where the count starts or changes: a resume that holds it adds no point to the history
+        if self._initial_threads is not None and self.threads is not None and self._changed:
+            for logger in trainer.loggers:
+                logger.log_metrics({THREADS_METRIC: float(self.threads)}, step=trainer.global_step)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        if self.threads is None:  # not a CPU fit
+            return {}
+        return {_THREADS_KEY: int(self.threads), _WORLD_KEY: int(self._world_size)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if _THREADS_KEY in state_dict and _WORLD_KEY in state_dict:
+            self._saved = {k: int(state_dict[k]) for k in (_THREADS_KEY, _WORLD_KEY)}
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._initial_threads is not None:
+            torch.set_num_threads(self._initial_threads)  # the process as it was found
+            self._initial_threads = None

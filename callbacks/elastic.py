@@ -13,7 +13,8 @@ optimizer step, and every optimizer step then takes the same samples as on 2 ran
 The state (``state_dict``) is the world size, the accumulation and the pinned global batch (in
 per-device batches) of the save.
 
-Logged (rank 0, at train start): ``elastic/world_size``, ``elastic/accumulate_grad_batches``.
+Logged (rank 0, at the first launch's start and at each resume on another world size): ``elastic/world_size``,
+``elastic/accumulate_grad_batches``.
 
 Copy with it: nothing; this file works alone.
 """
@@ -109,7 +110,9 @@ class ElasticResume(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.is_global_zero:
+        # a segment starts at the first launch and where the world changed: a relaunch on the same world
+        # logs nothing, so its history stays an uninterrupted run's
+        if trainer.is_global_zero and self.saved_world != trainer.world_size:
             for logger in trainer.loggers:
                 logger.log_metrics({"elastic/world_size": float(trainer.world_size),
                                     "elastic/accumulate_grad_batches": float(trainer.accumulate_grad_batches)},

@@ -187,6 +187,7 @@ class SpotCheckpoint(Callback):
         self._poller: notices.NoticePoller | None = None
         self._pending_rng: list[dict[str, Any]] | None = None
         self._last_save_time = time.monotonic()
+        self._last_saved_step: int | None = None  # a step saved once is not saved again at its epoch's end
         self._resumed_step: int | None = None
 
     # ----------------------------------------------------------------- notices
@@ -266,6 +267,7 @@ class SpotCheckpoint(Callback):
             else:  # a save still in flight is not counted: `keep` good ones remain
                 prune()
         self._last_save_time = time.monotonic()
+        self._last_saved_step = trainer.global_step
         if not self._interval_checked and self.interruption_rate > 0:
             self._choose_interval(trainer, save_cost_s=self._last_save_time - started)
         return path
@@ -460,6 +462,8 @@ class SpotCheckpoint(Callback):
             return
         if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
             return  # saved at the last batch's end
+        if self._last_saved_step == trainer.global_step:
+            return  # every_n_steps (or the interval) saved this very step at its batch's end
         self.save(trainer, wait=False)
 
     @override

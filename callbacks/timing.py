@@ -49,7 +49,7 @@ key                                 meaning
 ``time/optimizer_s``                optimizer step per step
 ``time/comm_s``                     wall time with an all-reduce in flight, per step (DDP)
 ``time/samples_per_s``              global samples/s (local batch x world size / step time)
-``time/checkpoint_s``               one checkpoint's stall of the loop (per event)
+``time/checkpoint_s``               the loop's stall for the checkpoints of one step (per step saved)
 ``time/validation_s``               one validation run (per event, checkpoints in it excluded)
 ``time/mean/<key>``                 the same over the whole run, at train end (survives resume)
 ``comm/bytes_per_step``             bytes all-reduced per step (as sent: fp16 = 2 per element)
@@ -248,6 +248,7 @@ class StepTiming(Callback):
         self._pending: list[_Step] = []
         self._events: list[tuple[Any, Any]] = []
         self._window_ckpt_s = 0.0
+        self._unlogged_ckpt_s: float | None = None  # this step's checkpoint stall, not logged yet
         self._in_validation = False
         self._val_start: Any = None
         self._val_nested_s = 0.0
@@ -344,6 +345,8 @@ class StepTiming(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         start = self._clock.mark()
+        if self._unlogged_ckpt_s is not None:
+            self._log_checkpoint_stall(trainer)
         if self._step is None:
             skip = self._steps_this_fit < self.warmup_steps
             self._step = _Step(skip=skip)
@@ -424,7 +427,14 @@ class StepTiming(Callback):
         self.checkpoint_s += seconds
         self.checkpoint_log.append((trainer.global_step, seconds))
         self._window_ckpt_s += seconds
-        self._log(trainer, {"time/checkpoint_s": seconds})
+        # one point per step: the saves of one step (a best and a periodic one at an epoch's end) are summed and
+        # logged when the step's saving is over, at the next batch's start or the training's end
+        self._unlogged_ckpt_s = (self._unlogged_ckpt_s or 0.0) + seconds
+
+    def _log_checkpoint_stall(self, trainer: Trainer) -> None:
+        if self._unlogged_ckpt_s is not None:
+            self._log(trainer, {"time/checkpoint_s": self._unlogged_ckpt_s})
+            self._unlogged_ckpt_s = None
 
     # ---------------------------------------------------------------- windows
     def _resolve(self, step: _Step, ref: Any, events: list[tuple[float, float]]) -> dict[str, float]:
@@ -523,6 +533,7 @@ class StepTiming(Callback):
     @override
     def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         self.comm.stop_profiler()
+        self._log_checkpoint_stall(trainer)
         self._flush(trainer)
         means = self.mean_parts()
         if not means:

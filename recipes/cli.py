@@ -49,7 +49,7 @@ from rich.table import Table
 from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.cost import CostTracker
-from callbacks.cpu_threads import AdaptiveCpuThreads
+from callbacks.cpu_threads import AdaptiveCpuThreads, FixedCpuThreads
 from callbacks.elastic import ElasticResume
 from callbacks.manifest import Manifest, git_state
 from callbacks.mlflow_model import LogModel
@@ -69,6 +69,7 @@ from recipes.common import (
     UsageError,
     check_tracking_server,
 )
+from recipes.resumable_logger import ResumableMLFlowLogger
 from recipes.run_callbacks import RelocateCheckpointState, TrackedConfig, UploadRunFiles
 from recipes.run_context import (  # noqa: F401 (re-exported)
     RESUMABLE_CHANGES,
@@ -116,13 +117,34 @@ class Interrupted(BaseException):
         super().__init__(signal.Signals(signum).name)
 
 
+#: ``--cpu_threads`` values other than a count: held for the run's life, following the load, torch's own.
+CPU_THREAD_MODES = ("auto", "adaptive", "torch")
+
+
 def apply_cpu_threads(setting: str) -> None:
     """Check ``--cpu_threads`` and set torch's intra-op thread count for an explicit ``N`` (see recipes.fit)."""
-    if setting in ("auto", "torch"):
+    if setting in CPU_THREAD_MODES:
         return
     if not setting.isdigit() or int(setting) < 1:
-        raise UsageError(f"--cpu_threads {setting!r}: expected 'auto', 'torch' or a positive integer.")
+        raise UsageError(f"--cpu_threads {setting!r}: expected 'auto', 'adaptive', 'torch' or a positive integer.")
     torch.set_num_threads(int(setting))
+
+
+def cpu_thread_callback(setting: str, user_callbacks: list[Callback]) -> Callback | None:
+    """The callback ``--cpu_threads`` asks for, unless the config brings its own.
+
+    ``adaptive`` follows the machine's load (faster beside busy work, not bitwise resumable); every other
+    setting holds the count the run starts with for its whole life, resumes included.
+    """
+    if any(isinstance(cb, (AdaptiveCpuThreads, FixedCpuThreads)) for cb in user_callbacks):
+        return None
+    if setting == "adaptive":
+        if "OMP_NUM_THREADS" in os.environ:
+            return None  # a launcher divided the cores, or the user fixed the count
+        log.warning("--cpu_threads adaptive: the thread count follows the machine's load, so this run's weights do "
+                    "too; a resumed or reproduced run will not be bitwise identical.")
+        return AdaptiveCpuThreads()  # acts on a single-process CPU run only
+    return FixedCpuThreads()
 
 
 @contextlib.contextmanager
@@ -251,10 +273,13 @@ class AtscaleCLI(LightningCLI):
         parser.add_argument("--async_checkpoint", type=bool, default=True,
                             help="Write periodic checkpoints in a background thread.")
         parser.add_argument("--cpu_threads", type=str, default="auto",
-                            help="CPU threads per process: 'auto' (a single-process CPU run keeps whichever "
-                                 "thread count makes steps fastest now: all cores on a quiet machine, fewer beside "
-                                 "busy work; a launcher's division of the cores, or OMP_NUM_THREADS, is kept), a "
-                                 "fixed count N (threads sleep while they wait), or 'torch' (torch's own defaults).")
+                            help="CPU threads per process: 'auto' (torch's count when the run starts: every "
+                                 "core for one process, a launcher's division for several, or OMP_NUM_THREADS; "
+                                 "held for the run's life and set again on resume, so results never depend on "
+                                 "the machine's load), a fixed count N (threads sleep while they wait), "
+                                 "'adaptive' (fewer threads while other work holds cores: faster on a busy "
+                                 "machine, but resumes and reproductions are no longer bitwise), or 'torch' "
+                                 "(torch's own defaults, held like auto).")
         parser.add_argument("--log_model", type=bool, default=True,
                             help="Log the trained model to MLflow at the end (skip for sweeps and drills).")
         parser.add_lightning_class_args(PublishedModelCheckpoint, "checkpoint")
@@ -391,9 +416,9 @@ class AtscaleCLI(LightningCLI):
         if self.config.log_model:
             extra.append(LogModel(defer=True))  # logged by fit() once trainer.fit has returned
         user_callbacks = list(config.get("callbacks") or []) + callbacks
-        if self.config.get("cpu_threads", "auto") == "auto" and "OMP_NUM_THREADS" not in os.environ and not any(
-                isinstance(cb, AdaptiveCpuThreads) for cb in user_callbacks):
-            extra.append(AdaptiveCpuThreads())  # acts on a single-process CPU run only
+        threads = cpu_thread_callback(self.config.get("cpu_threads", "auto"), user_callbacks)
+        if threads is not None:
+            extra.append(threads)
         if not any(isinstance(cb, StepTiming) for cb in user_callbacks):  # a config may bring its own
             extra.append(StepTiming())
         if config.get("enable_progress_bar", True) is not False and not any(
@@ -404,7 +429,8 @@ class AtscaleCLI(LightningCLI):
             # 10 workers may write two windows out of order)
             os.environ.setdefault(ASYNC_LOGGING_THREADS_ENV, "1")
             os.environ.setdefault(ASYNC_LOGGING_BUFFER_ENV, ASYNC_LOGGING_BUFFER_S)
-            config["logger"] = MLFlowLogger(
+            # a relaunch logs no point the run holds already: its history stays an uninterrupted run's
+            config["logger"] = ResumableMLFlowLogger(
                 experiment_name=ctx.experiment,
                 run_name=ctx.run_name,
                 tracking_uri=ctx.tracking_uri,
@@ -449,7 +475,7 @@ class AtscaleCLI(LightningCLI):
             if ctx.mlflow_run_id:
                 client.update_run(run_id, status="RUNNING")
             os.environ[ENV_MLFLOW_RUN_ID] = run_id
-            monitor = self._start_system_metrics(run_id)
+            monitor = self._start_system_metrics(run_id, resume=bool(ctx.mlflow_run_id))
         start = time.monotonic()
         try:
             with frozen_setup_objects(), cheap_gpu_checks():
@@ -511,12 +537,13 @@ class AtscaleCLI(LightningCLI):
             raise UsageError(" ".join(str(err).split()) or repr(err)) from err
 
     @staticmethod
-    def _start_system_metrics(run_id: str) -> Any:
+    def _start_system_metrics(run_id: str, resume: bool) -> Any:
+        """MLflow's system-metrics sampler; a continued run's samples carry on from its last sample's step."""
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
         except ImportError:  # pragma: no cover - psutil missing
             return None
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=10, samples_before_logging=1)
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=10, samples_before_logging=1, resume_logging=resume)
         monitor.start()
         return monitor
 

@@ -31,7 +31,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-#: ``--cpu_threads``: ``auto`` (default), ``torch`` (OpenMP's own defaults, untouched) or a count per process.
+#: ``--cpu_threads``: ``auto`` (default), ``adaptive``, ``torch`` (OpenMP's own defaults) or a count per process.
 CPU_THREADS_FLAG = "--cpu_threads"
 
 
@@ -49,15 +49,15 @@ def cpu_threads_setting(argv: Sequence[str]) -> str:
 def cpu_thread_env(setting: str, env: Mapping[str, str]) -> dict[str, str]:
     """Environment to set before torch (and its OpenMP runtime) is imported, for ``--cpu_threads setting``.
 
-    ``auto`` and ``torch`` leave OpenMP as it is: its threads spin while they wait, the fastest on a
-    quiet machine; ``auto`` then lets the CLI's ``AdaptiveCpuThreads`` drop threads while other work
-    holds cores (spinning beside one busy process took the digits step from ~11 ms to ~75 ms). An
+    ``auto``, ``adaptive`` and ``torch`` leave OpenMP as it is: its threads spin while they wait, the
+    fastest on a quiet machine; ``adaptive`` then lets the CLI's ``AdaptiveCpuThreads`` drop threads
+    while other work holds cores, at the price of bitwise resume (see ``callbacks.cpu_threads``). An
     explicit count is exported as ``OMP_NUM_THREADS`` (so every process a launcher starts uses it) with
     sleeping waits (``OMP_WAIT_POLICY=PASSIVE``: a fixed count cannot step aside, so it must not spin);
     OpenMP reads both once, at start-up: hence here, before any torch import. A policy or count already
     in the environment (the user's, or a launcher's) always wins.
     """
-    if setting in ("auto", "torch"):
+    if setting in ("auto", "adaptive", "torch"):
         return {}
     out = {} if "OMP_WAIT_POLICY" in env else {"OMP_WAIT_POLICY": "PASSIVE"}
     if "OMP_NUM_THREADS" not in env:

@@ -289,6 +289,24 @@ def manifest_differences(original: dict[str, Any], here: dict[str, Any]) -> list
     return lines
 
 
+#: The metric a run logs its CPU thread count under (callbacks.cpu_threads.THREADS_METRIC; no torch import here).
+THREADS_METRIC = "cpu/threads"
+
+
+def original_thread_env(run: Run, env: dict[str, str]) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` of the rerun: the original's count per process, on which CPU results depend.
+
+    ``--cpu_threads auto`` holds whatever count a process starts with, and that follows the machine's
+    cores; on another machine the rerun would split its reductions differently. Nothing for a run that
+    logged no count (a GPU run, or one from before the count was logged).
+    """
+    count = run.data.metrics.get(THREADS_METRIC)
+    if count is None or count < 1 or env.get("OMP_NUM_THREADS") == str(int(count)):
+        return {}
+    print(f"CPU threads: {int(count)} per process, as the original run had.", flush=True)
+    return {"OMP_NUM_THREADS": str(int(count))}
+
+
 def rerun_config(config: dict[str, Any], run_name: str, runs_root: str | None) -> dict[str, Any]:
     """The run's config as a fresh run named ``run_name``: its own directories, nothing resumed."""
     out = {k: v for k, v in config.items() if k != "config"}  # the original's --config paths: not read again
@@ -425,6 +443,7 @@ def _main(args: argparse.Namespace) -> int:
         env = {k: v for k, v in os.environ.items() if k not in ENV_FROM_PARENT}
         env["MLFLOW_TRACKING_URI"] = uri
         env[ENV_RUN_TAGS] = json.dumps({TAG: args.run_id})
+        env.update(original_thread_env(run, env))
         code = subprocess.run(command, env=env, check=False).returncode
 
         if code != 0:

@@ -1,0 +1,36 @@
+"""Faults a test injects into a real ``python -m recipes.fit`` process through its config (``trainer.callbacks``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+class KillOnce(Callback):
+    """SIGKILL the run's whole process group once training passes ``step``, after its metrics reached the store.
+
+    ``marker`` is written first, so the relaunch (the same command) trains on past ``step``.
+
+    Args:
+        step: the global step after which to kill.
+        marker: a file whose existence means "already killed once".
+    """
+
+    def __init__(self, step: int, marker: str) -> None:
+        self.step, self.marker = step, Path(marker)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_step < self.step or self.marker.exists():
+            return
+        trainer.strategy.barrier("KillOnce")  # every rank is at this step
+        if trainer.is_global_zero:
+            mlflow.flush_async_logging()  # the points past the checkpoint are in the store
+            self.marker.write_text(str(trainer.global_step))
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        trainer.strategy.barrier("KillOnce.after")  # the other ranks wait here for the kill
