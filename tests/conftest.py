@@ -404,39 +404,35 @@ def tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 _E2E_DIR = Path(__file__).resolve().parent / "e2e"
 
 
-#: Fixtures every test gets (autouse): sharing them is no reason to keep tests on one pytest-xdist worker.
-_EVERYWHERE = {"mlflow_template_db"}
-#: Session fixtures of trained runs that tests in several files read: their users share one worker.
-_SHARED_RUNS = {"digits_recipe_runs"}
-
-
-def _xdist_group(item: pytest.Item) -> str | None:
-    """The pytest-xdist group of ``item``: a shared run's fixture name, its file when it uses a module- or
-    session-scoped fixture of its own choosing (a trained run, a server), else none."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    shared = sorted(_SHARED_RUNS & set(info.name2fixturedefs))
-    if shared:
-        return shared[0]
-    if any(defs[-1].scope in ("module", "session") for name, defs in info.name2fixturedefs.items()
-           if defs and name not in _EVERYWHERE):
-        return Path(str(item.fspath)).name
-    return None
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e/ is end-to-end (``pytest -m "not e2e"`` runs the unit tests alone).
-
-    Under pytest-xdist (``-n 2 --dist loadgroup``, as ``.ci/run`` runs the suite) the tests of a file that
-    share a module- or session-scoped fixture stay together on one worker, in file order: the fixture's
-    trained runs (or servers) are made once, not once per worker; so do the tests of every file that read one
-    of the session's shared runs (``_SHARED_RUNS``).
-    """
+    """Every test under tests/e2e/ is end-to-end (``pytest -m "not e2e"`` runs the unit tests alone)."""
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(_E2E_DIR):
             item.add_marker(pytest.mark.e2e)
-        group = _xdist_group(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
+
+
+#: Files whose tests read the session's shared runs (``digits_recipe_runs``): one unit of work, so one worker
+#: makes the runs, once.
+_SCHEDULED_TOGETHER = {"tests/e2e/test_fit.py": "digits-recipe-runs",
+                       "tests/e2e/test_readme_commands.py": "digits-recipe-runs"}
+#: Files whose tests share no module- or session-scoped fixture (bar one source run of test_run_integrity, made
+#: at most once per worker): each test is a unit of its own, so they spread over both workers.
+_SCHEDULED_PER_TEST = {"tests/e2e/test_run_integrity.py", "tests/e2e/test_copy_into_project.py",
+                       "tests/e2e/test_configs.py", "tests/e2e/test_bad_input.py"}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``-n 2``, as ``.ci/run`` runs the suite) a file's tests run on one worker, in file
+    order, as a unit: the module- and session-scoped fixtures they share (trained runs, servers) are made once,
+    not once per worker. ``_SCHEDULED_TOGETHER`` joins files that read the same shared runs;
+    ``_SCHEDULED_PER_TEST`` splits files whose tests share nothing."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path in _SCHEDULED_PER_TEST:
+                return nodeid
+            return _SCHEDULED_TOGETHER.get(path, path)
+
+    return FileScheduling(config, log)
