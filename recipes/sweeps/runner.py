@@ -333,7 +333,9 @@ class Sweep:
             status = self.finalize()
             return 0
         finally:
-            for child in self.children.values():  # an error here: do not leave trials running unseen
+            if self.children:  # an error here: stop the trials (they save) and hand them back, never leave them
+                self.stop_signal = self.stop_signal or signal.SIGTERM
+            for child in self.children.values():
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.send_signal(signal.SIGTERM)
             for child in list(self.children.values()):

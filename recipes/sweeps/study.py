@@ -51,7 +51,12 @@ PRUNERS = ("median", "halving", "none")
 
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage at ``url``; :class:`UsageError` naming the URL when it cannot be used."""
+    """An Optuna RDB storage at ``url``; :class:`UsageError` naming the URL when it cannot be used.
+
+    Optuna creates its tables in a new database: several processes doing so at once collide (all but one
+    fail on PostgreSQL's unique catalog entries), so on PostgreSQL the creation holds an advisory lock, and a
+    collision elsewhere is retried (the tables then exist).
+    """
     from recipes.tracking import redact
 
     kwargs: dict[str, Any] = {}
@@ -59,11 +64,38 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         kwargs = {"connect_args": {"timeout": 60}}  # wait for another process's write instead of failing
     else:
         kwargs = {"pool_pre_ping": True}
+    for attempt in range(5):
+        try:
+            with _schema_lock(url):
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except Exception as err:  # sqlalchemy's many errors: a bad URL, a missing driver, a refused connection
+            if type(err).__name__ in ("IntegrityError", "ProgrammingError") and attempt < 4:
+                time.sleep(0.2 * (attempt + 1))  # another process was creating the tables: they exist now
+                continue
+            message = " ".join(str(err).split())[:300]
+            raise UsageError(f"--storage {redact(url)}: cannot open it ({type(err).__name__}: {message})") from None
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _schema_lock(url: str) -> Iterator[None]:
+    """On PostgreSQL, hold an advisory lock of the database while Optuna creates (or checks) its tables."""
+    if not url.startswith(("postgresql:", "postgresql+", "postgres:")):
+        yield
+        return
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as err:  # sqlalchemy's many errors: a bad URL, a missing driver, a refused connection
-        message = " ".join(str(err).split())[:300]
-        raise UsageError(f"--storage {redact(url)}: cannot open it ({type(err).__name__}: {message})") from None
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _lock_key("optuna-schema")})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _lock_key("optuna-schema")})
+    finally:
+        engine.dispose()
 
 
 def _lock_key(name: str) -> int:

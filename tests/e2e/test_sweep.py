@@ -10,6 +10,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -252,3 +253,21 @@ def test_two_processes_share_one_postgresql_study_without_duplicating_trials(
     runs = trial_runs(tmp_path, "team")
     assert sorted(runs) == [0, 1, 2, 3] and all(len(r) == 1 for r in runs.values())
     assert parent_run(tmp_path, "team").info.status == "FINISHED"
+
+
+def test_eight_sweeps_opening_a_new_postgresql_storage_at_once_all_get_it(postgres: PostgresServer) -> None:
+    """Optuna creates its tables in a new database: done by several processes at once, all but one crashed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from recipes.sweeps.study import open_storage
+
+    for attempt in range(3):  # a race: three fresh databases
+        url = postgres.create_database(f"sweep_race_{attempt}")
+        barrier = threading.Barrier(8)
+
+        def open_it(_: int, url: str = url, barrier: threading.Barrier = barrier) -> str:
+            barrier.wait()
+            return type(open_storage(url)).__name__
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(open_it, range(8))) == ["RDBStorage"] * 8
