@@ -199,6 +199,11 @@ class ResumableLoader(StatefulDataLoader):
         sampler = self.sampler
         # the sampler's own state is the global cursor already; only Lightning's count needs the new world's units
         saved_world = int(cursor["world_size"]) if cursor is not None else None
+        nested = (state.get("_sampler_iter_state") or {}).get("sampler_state")
+        if cursor is None and isinstance(sampler, PassSampler) and isinstance(nested, dict) and "yielded" in nested:
+            # a state of the per-rank sampler this one replaced (same world): its count was one rank's
+            state["_sampler_iter_state"] = {**state["_sampler_iter_state"], "sampler_state": {
+                **nested, "yielded": min(sampler.samples_per_pass, int(nested["yielded"]) * sampler.num_replicas)}}
         if saved_world is not None and isinstance(sampler, PassSampler) and saved_world != sampler.num_replicas:
             self.resharded = (saved_world, sampler.num_replicas)
             done = bool(cursor.get("complete")) or int(cursor["yielded"]) >= sampler.samples_per_pass

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from datamodules.loaders import PassSampler
+from datamodules.loaders import CURSOR_KEY, PassSampler, ResumableLoader
 
 
 def _samplers(n: int, world: int, batch: int, seed: int = 5, per_pass: int | None = None) -> list[PassSampler]:
@@ -91,3 +91,16 @@ def test_a_limited_pass_on_the_new_world_ends_where_that_world_limits_it() -> No
     resumed[0].load_state_dict(before[0].state_dict())  # cursor 20 of 40: two batches left
     rest, _ = _take(resumed, None)
     assert len(rest[0]) == 2 == resumed[0].batches_left(20)
+
+
+def test_a_state_of_the_per_rank_sampler_resumes_where_it_stopped() -> None:
+    """A checkpoint written before the cursor was global (no cursor key; a count of one rank's samples)."""
+    data = TensorDataset(torch.arange(100))
+    whole = list(_samplers(100, 2, 5)[1])
+    loader = ResumableLoader(data, batch_size=5, sampler=_samplers(100, 2, 5)[1])
+    legacy = loader.state_dict()
+    del legacy[CURSOR_KEY]
+    legacy["_sampler_iter_state"] = {"samples_yielded": 15, "sampler_state": {"epoch": 0, "yielded": 15}}
+    resumed = ResumableLoader(data, batch_size=5, sampler=_samplers(100, 2, 5)[1])
+    resumed.load_state_dict(legacy)
+    assert [int(i) for batch in resumed for i in batch[0]] == whole[15:]
