@@ -79,7 +79,20 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
 
 @contextlib.contextmanager
 def _schema_lock(url: str) -> Iterator[None]:
-    """On PostgreSQL, hold an advisory lock of the database while Optuna creates (or checks) its tables."""
+    """Hold the database while Optuna creates (or checks) its tables: an advisory lock on PostgreSQL, the
+    study lock file beside a sqlite database."""
+    if url.startswith("sqlite:"):
+        path = _sqlite_lock_path(url)
+        if path is None:
+            yield
+            return
+        with open(path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
     if not url.startswith(("postgresql:", "postgresql+", "postgres:")):
         yield
         return
@@ -98,6 +111,11 @@ def _schema_lock(url: str) -> Iterator[None]:
         engine.dispose()
 
 
+def _sqlite_lock_path(url: str) -> Path | None:
+    database = url.split(":///", 1)[-1].split("?", 1)[0]
+    return Path(database + ".atscale-lock") if database and database != ":memory:" else None
+
+
 def _lock_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"atscale-sweep:{name}".encode()).digest()[:8], "big", signed=True)
 
@@ -106,8 +124,7 @@ def _lock_key(name: str) -> int:
 def study_lock(storage: optuna.storages.RDBStorage, url: str, name: str) -> Iterator[None]:
     """Hold the study ``name`` for creating, growing or claiming (module docstring)."""
     if url.startswith("sqlite:"):
-        database = url.split(":///", 1)[-1].split("?", 1)[0]
-        path = Path(database + ".atscale-lock") if database and database != ":memory:" else None
+        path = _sqlite_lock_path(url)
         if path is None:
             yield
             return

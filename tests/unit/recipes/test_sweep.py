@@ -351,3 +351,17 @@ def test_how_a_trial_process_ended_decides_the_trial_state(code: int, pruned: bo
     from recipes.sweeps.runner import outcome
 
     assert outcome(code, pruned, reported, stopping) == state
+
+
+def test_eight_sweeps_opening_a_new_sqlite_study_at_once_all_get_it(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    url = sqlite_url(tmp_path)
+    barrier = threading.Barrier(8)
+
+    def open_it(_: int) -> str:
+        barrier.wait()
+        return type(study.open_storage(url)).__name__
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(open_it, range(8))) == ["RDBStorage"] * 8
