@@ -365,3 +365,15 @@ def test_eight_sweeps_opening_a_new_sqlite_study_at_once_all_get_it(tmp_path: Pa
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(open_it, range(8))) == ["RDBStorage"] * 8
+
+
+def test_promote_of_an_unknown_sweep_exits_2_naming_it(tracked: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes import promote
+
+    assert promote.main(["--sweep", "nope"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --sweep 'nope': no such sweep in the tracking store (sweeps there: none)."]
+    with pytest.raises(SystemExit) as exited:
+        promote.main([])
+    assert exited.value.code == 2
+    assert "--experiment is required (or --sweep NAME)" in capsys.readouterr().err
