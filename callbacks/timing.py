@@ -52,6 +52,7 @@ key                                 meaning
 ``time/checkpoint_s``               the loop's stall for the checkpoints of one step (per step saved)
 ``time/validation_s``               one validation run (per event, checkpoints in it excluded)
 ``time/mean/<key>``                 the same over the whole run, at train end (survives resume)
+``comm/mean/<key>``                 the ``comm/`` means below over the whole run, at train end
 ``comm/bytes_per_step``             bytes all-reduced per step (as sent: fp16 = 2 per element)
 ``comm/hook_calls_per_step``        comm-hook calls per step (= DDP buckets)
 ``comm/measured_s``                 = ``time/comm_s``
@@ -498,15 +499,18 @@ class StepTiming(Callback):
         metrics[f"{prefix}step_s"] = step_s
         if step_s > 0:
             metrics[f"{prefix}samples_per_s"] = samples_per_step * self._world / step_s
+        # the run's means go under comm/mean/: a key logged per window and again at train end would hold two
+        # points at the last step
+        comm = "comm/" if prefix == "time/" else "comm/mean/"
         if self.comm_mode == "ddp":
             metrics[f"{prefix}comm_s"] = means["comm"]
-            metrics["comm/measured_s"] = means["comm"]
-            metrics["comm/bytes_per_step"] = means["bytes"]
-            metrics["comm/hook_calls_per_step"] = means["hook_calls"]
+            metrics[f"{comm}measured_s"] = means["comm"]
+            metrics[f"{comm}bytes_per_step"] = means["bytes"]
+            metrics[f"{comm}hook_calls_per_step"] = means["hook_calls"]
             if self.link is not None:
-                metrics["comm/predicted_s"] = means["comm_predicted"]
+                metrics[f"{comm}predicted_s"] = means["comm_predicted"]
         if self.comm_mode == "fsdp" and self.fsdp_collective_s:
-            metrics["comm/fsdp_collective_s"] = sum(self.fsdp_collective_s) / len(self.fsdp_collective_s)
+            metrics[f"{comm}fsdp_collective_s"] = sum(self.fsdp_collective_s) / len(self.fsdp_collective_s)
         share = serial_fraction(means, ckpt_per_step)
         metrics[f"{prefix}serial_share"] = share
         if prefix != "time/":  # the run's Amdahl fraction: logged once, at train end

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 METHODS = {"dense": "ddp.yaml", "fp16": "ddp-fp16-compress.yaml", "powersgd": "ddp-powersgd.yaml",
            "topk": "ddp-topk.yaml"}
 EXPERIMENT = "bench-compression"
-_KEYS = {"bytes_per_step": "comm/bytes_per_step", "step_s": "time/mean/step_s", "comm_s": "comm/measured_s",
+_KEYS = {"bytes_per_step": "comm/mean/bytes_per_step", "step_s": "time/mean/step_s", "comm_s": "comm/mean/measured_s",
          "val_acc": "val/acc", "val_loss": "val/loss"}
 
 
