@@ -100,6 +100,8 @@ ASYNC_LOGGING_THREADS_ENV = "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"
 #: the value as an int: "0.5" would stop its logging thread with a ValueError.
 ASYNC_LOGGING_BUFFER_ENV = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
 ASYNC_LOGGING_BUFFER_S = "1"
+#: MLflow prints a run's UI page at every end of the run (twice for one fit) unless this is true.
+MLFLOW_QUIET_URL_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 _MAX_PARAM_LENGTH = 6000
 #: Errors of the machine rather than of the input: reported in one line, exit code 1.
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
@@ -568,6 +570,9 @@ class AtscaleCLI(LightningCLI):
         if logger is not None:
             table.add_row("mlflow", f"experiment {self.context.experiment!r}, run {logger.run_id}")
             table.add_row("tracking", redact(self.context.tracking_uri))
+            page = tracking.run_page_url(self.context.tracking_uri, logger.experiment_id, logger.run_id)
+            if page is not None:
+                table.add_row("view", f"{page} (the Training runs tab; charts under Model metrics)")
         table.add_row("run dir", redact(self.context.location))
         console = Console(stderr=False)
         if not console.is_terminal:  # a log file or a pipe: as wide as the longest row, so paths print whole
@@ -595,10 +600,12 @@ def quiet_known_noise() -> None:
     - deprecation warnings that Lightning 2.6 and torchdata raise from their own code on every run
       (``LeafSpec``, ``set_vital``), which a user cannot act on;
     - ModelCheckpoint's "Checkpoint directory ... exists and is not empty" on every resume: the directory
-      holds the run's own checkpoints (``--fresh true`` sets them aside).
+      holds the run's own checkpoints (``--fresh true`` sets them aside);
+    - MLflow's "View run ... at: URL" at every end of a run (the end table shows the page once).
     """
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLines("💡 Tip:"))
+    os.environ.setdefault(MLFLOW_QUIET_URL_ENV, "true")  # the run's page is printed once, in the end table
     for name in ("mlflow.system_metrics", "mlflow.store.db.utils", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated")

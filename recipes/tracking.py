@@ -66,6 +66,23 @@ def has_credentials(url: str) -> bool:
     return _URL_USERINFO.match(url.strip()) is not None
 
 
+def run_page_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The run's page in the MLflow UI of an HTTP tracking server (credentials left out); None for a file store.
+
+    MLflow prints it itself each time a run ends (twice for one fit: Lightning's finalize and the deferred
+    model); the CLI turns that off and shows it once, in its end table.
+    """
+    parts = urllib.parse.urlsplit(tracking_uri)
+    if parts.scheme not in ("http", "https"):
+        return None
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port:
+        netloc += f":{parts.port}"
+    base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def redact_value(value: Any) -> Any:
     """``value`` (strings, lists, dicts of them) with :func:`redact` applied to every string inside."""
     if isinstance(value, str):
