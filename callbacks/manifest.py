@@ -91,6 +91,19 @@ def _version(name: str) -> str | None:
         return None
 
 
+def training_input(datamodule: Any, fingerprint: str) -> Any:
+    """The training data as an MLflow dataset input (the run page's "Datasets"): the datamodule, its fingerprint.
+
+    MLflow keeps one entry per name and digest, so a relaunch with the same data adds nothing.
+    """
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    cls = type(datamodule)
+    source = json.dumps({"datamodule": f"{cls.__module__}.{cls.__qualname__}"})
+    return DatasetInput(Dataset(name=cls.__name__, digest=fingerprint[:36], source_type="code", source=source),
+                        tags=[InputTag(key="mlflow.data.context", value="train")])
+
+
 def build_manifest(world_size: int, seed: int | None, data_fingerprint: str | None,
                    argv: list[str] | None = None) -> dict[str, Any]:
     """The manifest of a run started now in this process."""
@@ -155,3 +168,5 @@ class Manifest(Callback):
             run_id = getattr(logger, "run_id", None)
             if run_id is not None and hasattr(logger.experiment, "log_artifact"):
                 logger.experiment.log_artifact(run_id, str(path))
+                if fingerprint and hasattr(logger.experiment, "log_inputs"):
+                    logger.experiment.log_inputs(run_id, datasets=[training_input(datamodule, fingerprint)])
