@@ -1,6 +1,7 @@
 """The default recipe end to end, as a user runs it: one device, DDP and FSDP on 2 CPU processes.
 
-One full run per strategy (module-scoped: they are the slowest tests), then many assertions on
+One full run per strategy, each the README's command (``digits_recipe_runs``, made once a session and
+shared with tests/e2e/test_readme_commands.py: they are the slowest runs), then many assertions on
 what each left behind: exit code, the single MLflow run, its params, metrics, artifacts and
 model, the checkpoint, and accuracy parity between strategies.
 """
@@ -19,30 +20,19 @@ import yaml
 from callbacks.storage import ckpt_store
 from datamodules.digits import DigitsDataModule
 from recipes.classifier import ImageClassifier
-from tests.conftest import CONFIGS, FAST, client_for, run_fit, runs_of
+from tests.conftest import CONFIGS, DIGITS_STRATEGIES, FAST, client_for, runs_of
 
-FIT_TIMEOUT_S = 600  # each of the module's three 20-epoch fits
-# The module fixture runs the slow part before the first test, each run under its own subprocess timeout
-# (FIT_TIMEOUT_S); pytest-timeout times the test functions alone, so a slow machine does not fail the first test.
+# The session fixture runs the slow part before the first test, each run under its own subprocess timeout;
+# pytest-timeout times the test functions alone, so a slow machine does not fail the first test.
 pytestmark = pytest.mark.timeout(600, func_only=True)
 
-STRATEGIES = {
-    "single": (),
-    "ddp": ("--config", str(CONFIGS / "strategy/ddp.yaml")),
-    "fsdp": ("--config", str(CONFIGS / "strategy/fsdp.yaml")),
-}
+STRATEGIES = list(DIGITS_STRATEGIES)
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, object]]:
-    """Run the digits recipe once per strategy, each in its own folder."""
-    out = {}
-    for name, extra in STRATEGIES.items():
-        workdir = tmp_path_factory.mktemp(name)
-        result = run_fit(workdir, "--config", str(CONFIGS / "digits.yaml"), *extra, "--run_name", name, *FAST,
-                         timeout=FIT_TIMEOUT_S)
-        out[name] = (workdir, result)
-    return out
+def fitted(digits_recipe_runs: dict[str, tuple[Path, object]]) -> dict[str, tuple[Path, object]]:
+    """The digits recipe run once per strategy, each in its own folder (``--run_name`` = the strategy)."""
+    return digits_recipe_runs
 
 
 def _val_acc(workdir: Path) -> float:
