@@ -24,6 +24,7 @@ _EXPORTS = {
     "BoundedAsyncCheckpointIO": "checkpoint_io",
     "GradientCompression": "compression",
     "CostTracker": "cost",
+    "ElasticResume": "elastic",
     "LMBaselines": "lm_baselines",
     "LRScaling": "lr_scaling",
     "Manifest": "manifest",

@@ -7,7 +7,8 @@ history, or not, depending on whether the async queue had flushed before the kil
 bitwise, the redone points carry the values already stored; this logger reads the run's stored points
 once, when it first logs in a continued run, and leaves out each (key, step) point as many times as the
 store already holds it. The history then has exactly the points an uninterrupted run logs. Keys that
-measure the clock (``time/*``, throughput, cost) keep the first launch's value for a redone step.
+measure the clock (``time/*``, throughput, cost) keep the first launch's value for a redone step; the
+``spot/*`` events (interruptions, lost steps) are the launches' own and are always logged.
 
 No Lightning or MLflow option does this (MLflow has no "upsert" of a metric point): hence this subclass.
 """
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 
 #: Keys MLflow's system-metrics monitor logs itself, never through this logger: not worth reading.
 _NOT_OURS = ("system/",)
+#: Keys of events that befell a launch (a notice, a resume and what it redid): each is logged, even at a step
+#: the store holds already, since two launches interrupted at one step are two interruptions.
+EVENT_KEYS = ("spot/",)
 
 
 class ResumableMLFlowLogger(MLFlowLogger):
@@ -50,7 +54,7 @@ class ResumableMLFlowLogger(MLFlowLogger):
             try:
                 client, run_id = self.experiment, self.run_id
                 for key in client.get_run(run_id).data.metrics:
-                    if not key.startswith(_NOT_OURS):
+                    if not key.startswith(_NOT_OURS + EVENT_KEYS):
                         self._stored[key] = Counter(m.step for m in client.get_metric_history(run_id, key))
             except mlflow.exceptions.MlflowException as err:  # the store lacks the run: nothing to leave out
                 log.debug("No stored history to continue from: %s", err)

@@ -59,3 +59,14 @@ def test_a_fresh_run_reads_no_history(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(logger, "_stored_points", lambda: (_ for _ in ()).throw(AssertionError("read")))
     log(logger, SEQUENCE)
     assert points(uri, logger.run_id)["train/loss"] == [(1, 2.0), (2, 1.5), (3, 1.25), (4, 1.0)]
+
+
+def test_events_of_each_launch_are_all_logged(tmp_path: Path) -> None:
+    """Two launches interrupted at one step are two interruptions: spot/* points are never left out."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
+    first.log_metrics({"spot/interruptions": 1.0, "spot/lost_steps": 0.0}, step=50)
+    again = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri, run_id=first.run_id)
+    again.log_metrics({"spot/interruptions": 2.0, "spot/lost_steps": 0.0}, step=50)
+    assert points(uri, first.run_id) == {"spot/interruptions": [(50, 1.0), (50, 2.0)],
+                                         "spot/lost_steps": [(50, 0.0), (50, 0.0)]}
