@@ -59,8 +59,11 @@ SCRIPT: list[tuple[str, list[str], int]] = [
     ("python -m recipes.compare --experiment digits --metric val/expected_cost", [], 0),
     ("python -m recipes.promote --experiment digits --metric val/acc --mode max", [], 0),
     ("python -m recipes.promote --experiment digits --metric val/expected_cost --mode min", [], 0),
-    # last: the sweep adds its parent and two child runs to the digits experiment that compare shows above
     ("python -m recipes.scale --config configs/digits.yaml --devices 1,2 --steps 60", [], 0),
+    # last: the sweep adds its parent and child runs to the digits experiment that compare shows above
+    ("python -m recipes.sweep --config configs/digits.yaml --space configs/sweeps/digits.yaml --trials 8 "
+     "--name digits-sweep --parallel 2 --trainer.max_epochs 3",
+     ["--trials", "2", "--parallel", "1", "--trainer.max_epochs", "1"], 0),
 ]
 
 
