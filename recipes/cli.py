@@ -330,28 +330,33 @@ class AtscaleCLI(LightningCLI):
             try:
                 tracking.ensure_store(tracking_uri)
             except TrackingError as err:
+                self._release_lock()
                 raise UsageError(str(err)) from err
-        ckpt_path, run_id = resolve_resume(cfg, self.context)
-        if not launched_by_parent() and not cfg.fresh:
-            client = mlflow.MlflowClient(tracking_uri)
-            # the run's own MLflow record (also of a run killed before its first checkpoint), never the one
-            # a checkpoint of another run names
-            run_id = mlflow_run_of(client, self.context, ckpt_path, run_id, explicit=bool(cfg.ckpt_path))
-            if run_id:
-                self._refuse_ignored_changes(client, run_id, cfg)
-                if ckpt_path and not cfg.ckpt_path:
-                    self._stop_if_complete(client, run_id, cfg, ckpt_path)
-        self.context.ckpt_path, self.context.mlflow_run_id = ckpt_path, run_id
-        if self.context.resume_note:
-            log.warning("%s", self.context.resume_note)
-        # ranks that Lightning launches re-run this command: tell them what was decided
-        os.environ[ENV_RUN_NAME] = run_name
-        os.environ[ENV_CKPT_PATH] = ckpt_path or ""
-        os.environ[ENV_MLFLOW_RUN_ID] = run_id or ""
-        for key in ("checkpoint", "spot"):
-            if cfg[key].get("dirpath") is None:
-                cfg[key]["dirpath"] = str(self.context.checkpoint_dir)
-        self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": str(run_dir)}
+        try:
+            ckpt_path, run_id = resolve_resume(cfg, self.context)
+            if not launched_by_parent() and not cfg.fresh:
+                client = mlflow.MlflowClient(tracking_uri)
+                # the run's own MLflow record (also of a run killed before its first checkpoint), never the one
+                # a checkpoint of another run names
+                run_id = mlflow_run_of(client, self.context, ckpt_path, run_id, explicit=bool(cfg.ckpt_path))
+                if run_id:
+                    self._refuse_ignored_changes(client, run_id, cfg)
+                    if ckpt_path and not cfg.ckpt_path:
+                        self._stop_if_complete(client, run_id, cfg, ckpt_path)
+            self.context.ckpt_path, self.context.mlflow_run_id = ckpt_path, run_id
+            if self.context.resume_note:
+                log.warning("%s", self.context.resume_note)
+            # ranks that Lightning launches re-run this command: tell them what was decided
+            os.environ[ENV_RUN_NAME] = run_name
+            os.environ[ENV_CKPT_PATH] = ckpt_path or ""
+            os.environ[ENV_MLFLOW_RUN_ID] = run_id or ""
+            for key in ("checkpoint", "spot"):
+                if cfg[key].get("dirpath") is None:
+                    cfg[key]["dirpath"] = str(self.context.checkpoint_dir)
+            self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": str(run_dir)}
+        except BaseException:
+            self._release_lock()  # refused or failed at start-up: an in-process caller may launch it again
+            raise
 
     def _lock_run(self, ctx: RunContext, runs_root: str) -> None:
         """Hold the run directory for this process's life (global rank 0 only): a second launch is refused."""
@@ -367,6 +372,11 @@ class AtscaleCLI(LightningCLI):
             raise UsageError(f"--runs_root {redact(runs_root)}: cannot write the run directory {ctx.run_dir} "
                              f"({err.strerror or err}).") from None
         self.lock = lock
+
+    def _release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def _refuse_ignored_changes(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace) -> None:
         """Stop a resume whose config changes something the restored training state would override."""
@@ -570,7 +580,8 @@ class AtscaleCLI(LightningCLI):
         if logger is not None:
             table.add_row("mlflow", f"experiment {self.context.experiment!r}, run {logger.run_id}")
             table.add_row("tracking", redact(self.context.tracking_uri))
-            page = tracking.run_page_url(self.context.tracking_uri, logger.experiment_id, logger.run_id)
+            page = tracking.run_page_url(self.context.tracking_uri, getattr(logger, "experiment_id", None) or "0",
+                                         logger.run_id)
             if page is not None:
                 table.add_row("view", f"{page} (the Training runs tab; charts under Model metrics)")
         table.add_row("run dir", redact(self.context.location))
@@ -713,7 +724,10 @@ def _run_cli(args: list[str] | None, **kwargs: Any) -> int:
     kwargs["parser_kwargs"] = {"exit_on_error": False, **kwargs["parser_kwargs"]}
     try:
         cli = AtscaleCLI(args=args, **kwargs)
-        return cli.fit()
+        try:
+            return cli.fit()
+        finally:
+            cli._release_lock()  # this launch is over: an in-process caller (tests, a bench) may launch it again
     except AlreadyComplete as done:
         print(done)
         return 0

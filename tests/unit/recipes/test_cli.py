@@ -120,6 +120,9 @@ def test_summary_of_an_interrupted_run_says_so_and_how_to_resume(capsys: pytest.
         ["duration", "12.3 s (global step 57)"],
         ["mlflow", "experiment 'digits', run 0123abcd"],
         ["tracking", "https://alice:***@mlflow.example/x"],  # the password never reaches the log
+        # the run's page once (MLflow's own "View run" lines are off), without the credentials
+        ["view", "https://mlflow.example/x/#/experiments/0/runs/0123abcd (the Training runs tab; charts under "
+                 "Model metrics)"],
         ["run dir", "runs/digits/r1"],
     ]
 
