@@ -52,6 +52,17 @@ def three_runs(tracked):
     return client, exp_id, ids
 
 
+def test_compare_at_80_columns_puts_the_params_in_a_table_of_their_own(three_runs, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert compare.main(["--experiment", "cmp"]) == 0
+    out = capsys.readouterr().out
+    runs_table, params_table = out.split("params that differ")
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in runs_table.splitlines() if line.startswith("│")]
+    assert [row[:2] for row in rows] == [["1", "best"], ["2", "fast"], ["3", "slow"]]
+    assert "model.optimizer.lr │ 0.003 │ 0.01 │ 0.001" in " ".join(params_table.split())
+    assert "Not shown at 80 columns: baseline/linear_acc, baseline/majority_acc" in " ".join(out.split())
+
+
 def test_compare_json_sorted_with_differing_params(three_runs, capsys):
     _, _, ids = three_runs
     assert compare.main(["--experiment", "cmp", "--json"]) == 0
@@ -75,7 +86,10 @@ def test_compare_json_sorted_with_differing_params(three_runs, capsys):
     assert [r["run_name"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["slow", "fast", "best"]
 
 
-def test_compare_table_and_plot(three_runs, capsys, tracked):
+def test_compare_table_and_plot(three_runs, capsys, tracked, monkeypatch):
+    # a wide console, where the params join the runs table (pytest-xdist's workers get 80 columns; the
+    # narrow layout has a test of its own below)
+    monkeypatch.setenv("COLUMNS", "200")
     plot = tracked / "cmp.png"
     assert compare.main(["--experiment", "cmp", "--plot", str(plot)]) == 0
     out = capsys.readouterr().out

@@ -403,6 +403,16 @@ SCRIPTS = {
         assert t.logger.history["cpu/threads"][0] == (0, 2.0), t.logger.history["cpu/threads"]
         assert cb.chooser is None and torch.get_num_threads() == before  # the process as it was found
     """,
+    "elastic": """
+        from myproj.cbs.elastic import ElasticResume
+
+        cb = ElasticResume(keep_global_batch=True)
+        t = trainer(max_steps=4, callbacks=[cb], limit_val_batches=0)
+        t.fit(Tiny(), datamodule=TinyData())
+        # one process: the run's global batch is one per-device batch, recorded for a resume elsewhere
+        assert cb.state_dict() == {"world_size": 1, "accumulate": 1, "global_units": 1}, cb.state_dict()
+        assert t.logger.history["elastic/world_size"] == [(0, 1.0)], t.logger.history["elastic/world_size"]
+    """,
     "progress": """
         from myproj.cbs.progress import RunProgressBar
 

@@ -146,10 +146,11 @@ def test_eight_concurrent_runs_of_a_new_experiment(team_server: TeamServer, tmp_
     steps = {name: [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
              for name, r in runs.items()}
     assert all(sorted(s) == [0, 1, 2, 3] for s in steps.values()), steps
-    # one validation each, over exactly its 2 batches of 32 images: an accuracy of k/64
+    # one validation each; the eight runs share seed, data and config, so they reach the same accuracy
     val_acc = {name: [m.value for m in client.get_metric_history(r.info.run_id, "val/acc")]
                for name, r in runs.items()}
-    assert all(len(v) == 1 and 0 <= v[0] <= 1 and (v[0] * 64).is_integer() for v in val_acc.values()), val_acc
+    assert all(len(v) == 1 for v in val_acc.values()), val_acc
+    assert len({v[0] for v in val_acc.values()}) == 1 and 0 < next(iter(val_acc.values()))[0] < 1, val_acc
     for name in names:
         assert f"concurrent/team-concurrent/{name}/config.yaml" in team_server.s3.keys(
             team_server.bucket, f"concurrent/team-concurrent/{name}/")
