@@ -82,16 +82,8 @@ def _schema_lock(url: str) -> Iterator[None]:
     """Hold the database while Optuna creates (or checks) its tables: an advisory lock on PostgreSQL, the
     study lock file beside a sqlite database."""
     if url.startswith("sqlite:"):
-        path = _sqlite_lock_path(url)
-        if path is None:
+        with _sqlite_file_lock(url):
             yield
-            return
-        with open(path, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
         return
     if not url.startswith(("postgresql:", "postgresql+", "postgres:")):
         yield
@@ -111,6 +103,21 @@ def _schema_lock(url: str) -> Iterator[None]:
         engine.dispose()
 
 
+@contextlib.contextmanager
+def _sqlite_file_lock(url: str) -> Iterator[None]:
+    """The lock file beside a sqlite database, held exclusively (nothing to hold for an in-memory one)."""
+    path = _sqlite_lock_path(url)
+    if path is None:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _sqlite_lock_path(url: str) -> Path | None:
     database = url.split(":///", 1)[-1].split("?", 1)[0]
     return Path(database + ".atscale-lock") if database and database != ":memory:" else None
@@ -124,16 +131,8 @@ def _lock_key(name: str) -> int:
 def study_lock(storage: optuna.storages.RDBStorage, url: str, name: str) -> Iterator[None]:
     """Hold the study ``name`` for creating, growing or claiming (module docstring)."""
     if url.startswith("sqlite:"):
-        path = _sqlite_lock_path(url)
-        if path is None:
+        with _sqlite_file_lock(url):
             yield
-            return
-        with open(path, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
         return
     import sqlalchemy
 
