@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +105,34 @@ def training_input(datamodule: Any, fingerprint: str) -> Any:
                         tags=[InputTag(key="mlflow.data.context", value="train")])
 
 
+DATASET_ATTEMPTS = 3
+DATASET_RETRY_WAIT_S = 0.5  # grows linearly with the attempt
+
+
+def log_training_input(experiment: Any, run_id: str, dataset_input: Any) -> bool:
+    """Record ``dataset_input`` on the run, asking again when the store refuses; warn (not fail) if it keeps refusing.
+
+    Launches that start together into one experiment race to insert the same dataset row: the loser's store answers
+    with an error (PostgreSQL's unique violation, which a tracking server passes on as a 400 that MLflow's client
+    does not retry) although the row exists by then, so the next attempt links to it. The input is a convenience of the run page (the manifest holds the
+    fingerprint), which is why a store that keeps refusing costs a warning rather than the run.
+    """
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(1, DATASET_ATTEMPTS + 1):
+        try:
+            experiment.log_inputs(run_id, datasets=[dataset_input])
+            return True
+        except MlflowException as err:
+            if attempt == DATASET_ATTEMPTS:
+                first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                warnings.warn(f"the run's dataset input was not recorded after {attempt} attempts: {first_line}",
+                              stacklevel=2)
+                return False
+            time.sleep(DATASET_RETRY_WAIT_S * attempt)
+    return False
+
+
 def build_manifest(world_size: int, seed: int | None, data_fingerprint: str | None,
                    argv: list[str] | None = None) -> dict[str, Any]:
     """The manifest of a run started now in this process."""
@@ -169,4 +198,4 @@ class Manifest(Callback):
             if run_id is not None and hasattr(logger.experiment, "log_artifact"):
                 logger.experiment.log_artifact(run_id, str(path))
                 if fingerprint and hasattr(logger.experiment, "log_inputs"):
-                    logger.experiment.log_inputs(run_id, datasets=[training_input(datamodule, fingerprint)])
+                    log_training_input(logger.experiment, run_id, training_input(datamodule, fingerprint))

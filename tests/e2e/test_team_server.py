@@ -15,12 +15,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import mlflow
 import pytest
 
+from callbacks.manifest import log_training_input, training_input
 from callbacks.spot import REQUEUE_EXIT_CODE
 from tests.conftest import (
     CONFIGS,
@@ -119,6 +121,40 @@ def test_sweep_on_the_team_server(team_server: TeamServer, tmp_path: Path) -> No
     keys = team_server.s3.keys(team_server.bucket, "mlartifacts/")
     exp_id = parent.info.experiment_id
     assert f"mlartifacts/{exp_id}/{parent.info.run_id}/artifacts/scaling.png" in keys
+
+
+def test_launches_starting_together_all_record_the_shared_dataset_input(team_server: TeamServer) -> None:
+    """8 launches log the same new dataset at once: the store's unique row goes to one, and the others still link it.
+
+    PostgreSQL answers the losers with a unique violation (a 400 from the server, which MLflow's client does not
+    retry); before ``log_training_input`` asked again, one of the 8 concurrent fits failed in CI on it.
+    """
+    from datamodules.digits import DigitsDataModule
+
+    client = mlflow.MlflowClient(team_server.tracking_uri)
+    datamodule = DigitsDataModule()
+    dataset_input = training_input(datamodule, datamodule.fingerprint())
+    for round_ in range(3):
+        experiment = client.create_experiment(f"dataset-race-{round_}-{os.getpid()}")
+        run_ids = [client.create_run(experiment).info.run_id for _ in range(8)]
+        barrier = threading.Barrier(len(run_ids))
+        recorded: dict[str, bool] = {}
+
+        def launch(run_id: str) -> None:
+            own_client = mlflow.MlflowClient(team_server.tracking_uri)
+            barrier.wait()
+            recorded[run_id] = log_training_input(own_client, run_id, dataset_input)
+
+        threads = [threading.Thread(target=launch, args=(run_id,)) for run_id in run_ids]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert recorded == dict.fromkeys(run_ids, True)
+        for run_id in run_ids:
+            inputs = client.get_run(run_id).inputs.dataset_inputs
+            assert [(i.dataset.name, i.dataset.digest) for i in inputs] == \
+                [("DigitsDataModule", datamodule.fingerprint()[:36])]
 
 
 @pytest.mark.timeout(1200)
