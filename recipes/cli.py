@@ -38,7 +38,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import MLFlowLogger
@@ -425,6 +425,7 @@ class AtscaleCLI(LightningCLI):
         if ctx.run_url is not None:
             extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
         extra.append(RelocateCheckpointState())
+        extra.append(WrapUpSignals())
         if self.config.log_model:
             extra.append(LogModel(defer=True))  # logged by fit() once trainer.fit has returned
         user_callbacks = list(config.get("callbacks") or []) + callbacks
@@ -655,18 +656,44 @@ def parse_error_message(message: str) -> str:
 
 #: Set by the first SIGTERM/SIGINT outside training: the process is stopping, and further signals change nothing.
 _stopping = threading.Event()
+#: Set once training is over (``on_fit_end``): from then on a stop signal waits for the wrap-up to complete.
+_wrapping_up = threading.Event()
+#: The signals that came during the wrap-up, in order.
+_deferred: list[int] = []
+
+
+class WrapUpSignals(Callback):
+    """Once training is over, let a SIGTERM/SIGINT wait for the run's wrap-up instead of raising into it.
+
+    The wrap-up (MLflow's logger draining its metric queue and ending the run, the time-breakdown plot, the
+    model, the summary) takes seconds. A signal raised there as :class:`Interrupted` interrupted MLflow's queue
+    shutdown half-way: a run that had finished training ended KILLED or FAILED and exited 75, asking to be
+    relaunched with nothing left to do. A second Ctrl-C still stops at once.
+    """
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        _wrapping_up.set()
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
+    if _wrapping_up.is_set() and not (signum == signal.SIGINT and _deferred):  # a second Ctrl-C insists
+        if not _deferred:
+            print(f"{signal.Signals(signum).name} while the run was wrapping up: its training is over; finishing "
+                  "its record, then exiting.", file=sys.stderr, flush=True)
+        _deferred.append(signum)
+        _stopping.set()
+        return
+    _wrapping_up.clear()
     # Once: a second Ctrl-C a moment later (Lightning re-installs this handler while it unwinds) would raise
     # inside the unwinding and print the stop twice.
-    if _stopping.is_set():
+    if _stopping.is_set() and not _deferred:
         return
+    _deferred.clear()
     _stopping.set()
     raise Interrupted(signum)
 
 
-def _ignore_signals_while_exiting() -> None:
+def ignore_stop_signals() -> None:
     """Ignore SIGINT/SIGTERM from here to the process's end.
 
     The interpreter's finalization puts a Python-handled signal back to its default action, so a
@@ -698,9 +725,12 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     was opened) is marked KILLED, and the exit code is 75 (relaunch to resume) or 130 (Ctrl-C).
     """
     _stopping.clear()
+    _wrapping_up.clear()
+    _deferred.clear()
     code = _run_cli(args, **kwargs)
+    _wrapping_up.clear()
     if _stopping.is_set() or code in (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE):  # a stop: nothing more to do
-        _ignore_signals_while_exiting()
+        ignore_stop_signals()
     return rank_exit_code(code, launched_by_parent())
 
 

@@ -67,7 +67,7 @@ def cpu_thread_env(setting: str, env: Mapping[str, str]) -> dict[str, str]:
 
 os.environ.update(cpu_thread_env(cpu_threads_setting(sys.argv[1:]), os.environ))
 
-from recipes.cli import run_cli  # noqa: E402 (after the OpenMP environment is set)
+from recipes.cli import ignore_stop_signals, run_cli  # noqa: E402 (after the OpenMP environment is set)
 from recipes.shutdown import run_and_exit  # noqa: E402
 
 
@@ -75,5 +75,16 @@ def main(args: list[str] | None = None) -> int:
     return run_cli(args)
 
 
+def main_then_exit() -> int:
+    """The process's entry point: the run's outcome decides the exit code, not a stop signal during the exit.
+
+    Once ``run_cli`` returned, the run is recorded; a SIGTERM or SIGINT now raised inside the exit handlers
+    (MLflow's flush) or, after the interpreter put the default action back, ended a complete run with -15.
+    """
+    code = main()
+    ignore_stop_signals()
+    return code
+
+
 if __name__ == "__main__":
-    run_and_exit(main)  # a DDP/FSDP rank ends without the interpreter's teardown (recipes.shutdown says why)
+    run_and_exit(main_then_exit)  # a DDP/FSDP rank ends without the interpreter's teardown (recipes.shutdown says why)

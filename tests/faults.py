@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 from pathlib import Path
@@ -34,3 +35,34 @@ class KillOnce(Callback):
             self.marker.write_text(str(trainer.global_step))
             os.killpg(os.getpgid(0), signal.SIGKILL)
         trainer.strategy.barrier("KillOnce.after")  # the other ranks wait here for the kill
+
+
+class SignalDuringWrapUp(Callback):
+    """Send this process ``signal`` once training is over: in the middle of the wrap-up, or as the process exits.
+
+    ``moment="finalize"``: just before the MLflow logger's ``finalize``, after every callback's teardown gave the
+    signals back, where a SIGTERM (a spot notice, a supervisor's stop) once raised into MLflow's shutdown of its
+    metric queue and turned a run that had finished training into a KILLED or FAILED one, exiting 75.
+    ``moment="exit"``: from an ``atexit`` handler, once the run is recorded and the process is ending.
+
+    Args:
+        signal_name: ``"SIGTERM"`` or ``"SIGINT"``.
+        moment: ``"finalize"`` or ``"exit"``.
+    """
+
+    def __init__(self, signal_name: str = "SIGTERM", moment: str = "finalize") -> None:
+        self.signum = signal.Signals[signal_name]
+        self.moment = moment
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.moment == "exit":
+            atexit.register(os.kill, os.getpid(), self.signum)  # before MLflow's own exit handlers (LIFO)
+            return
+        for logger in trainer.loggers:
+            finalize = logger.finalize
+
+            def signalled_finalize(status: str = "success", _finalize: Any = finalize) -> None:
+                os.kill(os.getpid(), self.signum)
+                _finalize(status)
+
+            logger.finalize = signalled_finalize  # type: ignore[method-assign]

@@ -427,6 +427,49 @@ def test_two_ctrl_c_presses_exit_130_with_the_message_once(tmp_path: Path, after
     assert run.info.status == "KILLED"
 
 
+# ------------------------------------------------ a stop signal while a finished run wraps up
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_signal_while_a_finished_run_wraps_up_leaves_it_finished(tmp_path: Path, signal_name: str) -> None:
+    """Training is over; the signal comes as MLflow's logger finalizes (after every callback gave signals back).
+
+    It once raised into MLflow's shutdown of its metric queue: the finished run ended KILLED or FAILED, exited 75
+    ("relaunch to resume" a run with nothing left to do), and could hang at exit. Now the wrap-up completes.
+    """
+    fault = json.dumps({"class_path": "tests.faults.SignalDuringWrapUp", "init_args": {"signal_name": signal_name}})
+    result = run_fit(tmp_path, "--config", DIGITS, *FAST, "--run_name", "w", "--trainer.max_epochs", "1",
+                     "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2",
+                     "--log_model", "false", f"--trainer.callbacks+={fault}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count(f"{signal_name} while the run was wrapping up: its training is over; finishing its "
+                               "record, then exiting.") == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "interrupted (" not in result.stderr
+    (run,) = runs_of(tmp_path, "digits")
+    assert run.info.status == "FINISHED"
+    # what the wrap-up logs is all there: the end-of-fit means, the bill, the baselines
+    assert {"val/acc", "time/mean/step_s", "cost/usd", "baseline/linear_acc"} <= set(run.data.metrics)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_signal_as_a_finished_run_exits_keeps_exit_code_0(tmp_path: Path, signal_name: str) -> None:
+    """The run is recorded and the process is ending (an ``atexit`` handler sends the signal): exit 0, quietly.
+
+    The CLI's handler stayed installed past the end: the signal raised inside the exit handlers (a traceback) or,
+    once the interpreter had put the default action back, killed the process (-15 after a complete run).
+    """
+    fault = json.dumps({"class_path": "tests.faults.SignalDuringWrapUp",
+                        "init_args": {"signal_name": signal_name, "moment": "exit"}})
+    result = run_fit(tmp_path, "--config", DIGITS, *FAST, "--run_name", "x", "--trainer.max_steps", "2",
+                     "--trainer.limit_val_batches", "0", "--log_model", "false", f"--trainer.callbacks+={fault}",
+                     timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr[-3000:]
+    (run,) = runs_of(tmp_path, "digits")
+    assert run.info.status == "FINISHED"
+    assert "atscale run — finished" in result.stdout
+
+
 # ------------------------------------------------ 7. smaller: a SIGKILL while the model is being logged
 
 
