@@ -20,15 +20,21 @@ Copy with it: nothing; it works alone (``torch`` and the standard library).
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
 import torch
 
 __all__ = ["destroy_process_group", "exit_process", "run_and_exit"]
+
+#: Seconds the exit may take (threads joined, exit handlers, MLflow's last metrics) before the process ends anyway.
+EXIT_TIMEOUT_ENV = "ATSCALE_EXIT_TIMEOUT_S"
+DEFAULT_EXIT_TIMEOUT_S = 120.0  # AWS's spot notice; a relaunch waits on this process's end
 
 _joined_a_group = False
 
@@ -46,8 +52,48 @@ def joined_a_group() -> bool:
     return _joined_a_group or (torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
+def _exit_timeout_s() -> float:
+    raw = os.environ.get(EXIT_TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_EXIT_TIMEOUT_S
+    try:
+        value = float(raw)
+        if value > 0:
+            return value
+    except ValueError:
+        pass
+    print(f"warning: {EXIT_TIMEOUT_ENV}={raw!r} is not a number of seconds; using {DEFAULT_EXIT_TIMEOUT_S:.0f}",
+          file=sys.stderr, flush=True)
+    return DEFAULT_EXIT_TIMEOUT_S
+
+
+def _watch_the_exit(code: int, timeout_s: float) -> None:
+    """End the process with ``code`` if its exit has not finished ``timeout_s`` from now; say where threads were.
+
+    A thread that never ends (a writer stuck on a lock, a queue waiting for work that will not come) or an exit
+    handler that never returns kept a stopped run's process alive until something killed it: a spot notice's
+    relaunch, or a scheduler's requeue, waits on it. The watch is a daemon thread, so a normal exit never waits
+    for it; Python's faulthandler writes the stacks (it needs no lock another thread may hold).
+    """
+    fd = sys.stderr.fileno() if sys.stderr is not None else 2
+
+    def watch() -> None:
+        time.sleep(timeout_s)
+        os.write(fd, f"error: the process did not finish exiting within {timeout_s:.0f} s; where its threads "
+                     "were:\n".encode())
+        faulthandler.dump_traceback(file=fd, all_threads=True)
+        os.write(fd, f"Ending it with exit code {code}.\n".encode())
+        os._exit(code)
+
+    threading.Thread(target=watch, name="exit-watch", daemon=True).start()
+
+
 def exit_process(code: int) -> NoReturn:
-    """End the process with ``code``; past a process group, without the interpreter's finalization."""
+    """End the process with ``code``; past a process group, without the interpreter's finalization.
+
+    Either way within ``ATSCALE_EXIT_TIMEOUT_S`` (default 120 s): an exit that hangs is ended with ``code``.
+    """
+    _watch_the_exit(code, _exit_timeout_s())
     if not joined_a_group():
         sys.stdout.flush()
         sys.stderr.flush()

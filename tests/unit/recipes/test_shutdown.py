@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from recipes.chaos import EXIT_WATCH_LINE, hung_where
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -98,3 +99,48 @@ def test_what_a_normal_exit_runs_first_still_runs(tmp_path: Path, case: str) -> 
     assert (result.returncode, result.stdout) == (7, "rank 0 done\n"), result.stderr
     assert (tmp_path / "thread0").read_text() == "joined"
     assert (tmp_path / "atexit0").read_text() == "ran"
+
+
+HANG_SCRIPT = textwrap.dedent("""
+    import atexit, sys, threading
+    from recipes.shutdown import run_and_exit
+
+    def stuck_writer() -> None:  # a non-daemon thread that never ends: the interpreter's exit would wait forever
+        threading.Event().wait()
+
+    def main() -> int:
+        if sys.argv[1] == "thread":
+            threading.Thread(target=stuck_writer, name="stuck-writer").start()
+        else:
+            atexit.register(threading.Event().wait)  # an exit handler that never returns
+        print("main done", flush=True)
+        return 75
+
+    run_and_exit(main)
+""")
+
+
+@pytest.mark.parametrize("where", ["thread", "atexit"])
+def test_an_exit_that_hangs_ends_with_its_code_and_says_where(tmp_path: Path, where: str) -> None:
+    """Past ATSCALE_EXIT_TIMEOUT_S the process ends anyway, with the exit code already decided (75: relaunch),
+    after printing where each thread was: a spot run must not outlive its notice waiting on a stuck thread."""
+    script = tmp_path / "hang.py"
+    script.write_text(HANG_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ATSCALE_EXIT_TIMEOUT_S": "2"}
+    result = subprocess.run([sys.executable, str(script), where], env=env, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (75, "main done\n"), result.stderr
+    assert "error: the process did not finish exiting within 2 s; where its threads were:" in result.stderr
+    assert ("in stuck_writer" if where == "thread" else "in wait") in result.stderr
+    assert EXIT_WATCH_LINE in result.stderr  # what the chaos soak looks for, and reads the stacks of
+    assert ("stuck_writer" if where == "thread" else "in wait") in hung_where(result.stderr)
+    assert result.stderr.rstrip().endswith("Ending it with exit code 75."), result.stderr
+
+
+def test_a_bad_exit_timeout_is_named(tmp_path: Path) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(HANG_SCRIPT.replace('sys.argv[1] == "thread"', "False").replace(
+        "atexit.register(threading.Event().wait)", "pass"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ATSCALE_EXIT_TIMEOUT_S": "soon"}
+    result = subprocess.run([sys.executable, str(script), "x"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 75
+    assert "ATSCALE_EXIT_TIMEOUT_S='soon' is not a number of seconds; using 120" in result.stderr
