@@ -207,6 +207,7 @@ class Launch:
     exit_code: int | None = None
     wall_s: float | None = None
     hung: bool = False
+    hung_where: str = ""  # hung: where its threads were (hung_where)
     signals: list[list[Any]] = field(default_factory=list)  # [signal name, seconds from start]
     resumed_from: int | None = None  # step of its "Resuming from" line
     resumed_path: str | None = None
@@ -257,6 +258,30 @@ def last_error(stderr: str) -> str:
     lines = [line for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exit): ", line)]
     return (errors or lines or [""])[-1][:240]
+
+
+_THREAD_DUMP = re.compile(
+    r"^(Current thread|Thread) 0x[0-9a-f]+[^\n]*\(most recent call first\):\n((?:  File [^\n]*\n?)*)", re.MULTILINE)
+_FRAME = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
+
+
+#: What a launch's exit watch prints before it ends a process whose exit hangs (recipes.shutdown).
+EXIT_WATCH_LINE = "error: the process did not finish exiting within"
+
+
+def hung_where(stderr: str, frames: int = 4) -> str:
+    """Where each thread of a hung launch was, from the faulthandler dump SIGABRT made: one line per thread.
+
+    The current thread (the one the signal interrupted, the main thread in practice) comes first; each line lists
+    its innermost ``frames`` frames as ``file:line in function``, innermost first. Empty when there is no dump.
+    """
+    lines = []
+    for match in _THREAD_DUMP.finditer(stderr):
+        calls = [f"{'/'.join(Path(file).parts[-2:])}:{line} in {func}"
+                 for file, line, func in _FRAME.findall(match.group(2))[:frames]]
+        label = "current thread" if match.group(1) == "Current thread" else "thread"
+        lines.append(f"{label}: {' < '.join(calls) or '(no Python frames)'}")
+    return "\n".join(sorted(lines, key=lambda line: not line.startswith("current")))
 
 
 def parse_resume(stderr: str) -> tuple[str, int] | None:
@@ -742,7 +767,9 @@ class Soak:
     def env(self, workdir: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ATSCALE_", "SLURM_", "MLFLOW_"))}
         env.update({"MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}", "PYTHONPATH": str(self.repo),
-                    "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+                    "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                    # a hung launch is asked for its stacks (SIGABRT) before it is killed: see end()
+                    "PYTHONFAULTHANDLER": "1"})
         if self.bucket is not None:
             env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
             env.update(self.bucket.env())
@@ -777,6 +804,12 @@ class Soak:
         """Wait for ``launch`` (SIGKILL after ``timeout``: hung), make sure its group is gone, read what it left."""
         if not launch.wait(timeout):
             launch.hung = True
+            assert launch.proc is not None
+            try:  # faulthandler (PYTHONFAULTHANDLER) writes every thread's stack to its stderr, then it aborts
+                os.kill(launch.proc.pid, signal.SIGABRT)
+                launch.wait(10)
+            except ProcessLookupError:
+                pass
             launch.send(signal.SIGKILL)
             launch.wait(30)
         assert launch.proc is not None
@@ -788,6 +821,8 @@ class Soak:
         if resume:
             launch.resumed_path, launch.resumed_from = resume
         launch.traceback = "Traceback (most recent call last)" in text
+        if launch.hung:
+            launch.hung_where = hung_where(text)
         launch.error_line = next((line for line in text.splitlines() if line.startswith("error:")), None)
         launch.skipped_corrupt = sorted({Path(p).name for p in re.findall(
             r"(\S+\.ckpt) (?:is truncated or changed|fails its SHA-256)", text)})
@@ -1104,9 +1139,13 @@ class Soak:
         blame = self.awaiting[-1] if self.awaiting and not own else current
         if launch.exit_code == 0:
             run.finished = True
+        if not launch.hung and EXIT_WATCH_LINE in launch.stderr():  # ended by its own exit watch (recipes.shutdown)
+            current.fail("clean_exit", f"{launch.label} did not finish exiting and was ended by its exit watch; "
+                                       f"it was at:\n{hung_where(launch.stderr())}")
         if launch.hung:
             current.fail("clean_exit", f"{launch.label} did not exit within {self.args.launch_timeout:.0f} s "
-                                       f"(signals {launch.signals}); killed")
+                                       f"(signals {launch.signals}); killed"
+                                       + (f"; it was at:\n{launch.hung_where}" if launch.hung_where else ""))
         expected = launch.expected_resume
         if launch.decided and launch.exit_code != USAGE_EXIT_CODE and "--ckpt_path" not in launch.extra:
             got = launch.resumed_from

@@ -15,7 +15,7 @@ import pytest
 
 from callbacks.spot import REQUEUE_EXIT_CODE
 from recipes import bench
-from recipes.chaos import INVARIANTS, KINDS, corrupt, parse_resume, plan_faults, pruned_by_policy
+from recipes.chaos import INVARIANTS, KINDS, corrupt, hung_where, parse_resume, plan_faults, pruned_by_policy
 
 #: Seed 24 plans sigterm and sigkill in training, then a truncated checkpoint (no --ckpt_path launch).
 SEED = 24
@@ -53,6 +53,35 @@ def test_pruning_policy_and_resume_line(tmp_path: Path) -> None:
     assert corrupt(path, "truncate", 0.5) == {"mode": "truncate", "size": 1024, "new_size": 460}
     assert path.stat().st_size == 460
     assert corrupt(path, "flip", 0.1)["flipped"] == 64 and path.read_bytes() != (bytes(range(256)) * 4)[:460]
+
+
+def test_a_hung_launch_is_reported_with_where_its_threads_were(tmp_path: Path) -> None:
+    """A launch that does not exit is asked for its stacks (SIGABRT, faulthandler) before SIGKILL: the report says
+    where each thread was, innermost frame first, so a hang seen once in CI can be read from CI's output."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import threading, time\n"
+              "def stuck():\n    threading.Event().wait()\n"
+              "threading.Thread(target=stuck, name='writer', daemon=True).start()\n"
+              "print('ready', flush=True)\n"
+              "def main_loop():\n    while True:\n        time.sleep(0.05)\n"
+              "main_loop()\n")
+    err = tmp_path / "err"
+    with open(err, "wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=stderr,
+                                env={"PYTHONFAULTHANDLER": "1"}, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGABRT)
+    assert proc.wait(30) == -signal.SIGABRT
+    where = hung_where(err.read_text())
+    lines = where.splitlines()
+    assert lines[0].startswith("current thread: ") and "in main_loop" in lines[0] and "<string>" in lines[0]
+    assert any(line.startswith("thread: ") and "in stuck" in line for line in lines[1:]), where
+    assert hung_where("no dump here\n") == ""
 
 
 @pytest.mark.e2e

@@ -140,7 +140,7 @@ def test_launches_starting_together_all_record_the_shared_dataset_input(team_ser
         barrier = threading.Barrier(len(run_ids))
         recorded: dict[str, bool] = {}
 
-        def launch(run_id: str) -> None:
+        def launch(run_id: str, barrier: threading.Barrier = barrier, recorded: dict[str, bool] = recorded) -> None:
             own_client = mlflow.MlflowClient(team_server.tracking_uri)
             barrier.wait()
             recorded[run_id] = log_training_input(own_client, run_id, dataset_input)
