@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch import nn
 from typing_extensions import override
 
@@ -144,6 +145,19 @@ class ImageClassifier(pl.LightningModule):
         self.register_buffer("cost_matrix", torch.as_tensor(matrix.costs, dtype=torch.float64), persistent=False)
         self.val_cost = ExpectedCost(matrix.costs, "argmax")
         self.val_bayes_cost = ExpectedCost(matrix.costs, "bayes")
+
+    @override
+    def setup(self, stage: str) -> None:
+        """Give the model summary one example image of the datamodule's shape: it then counts FLOPs and sizes.
+
+        Not under a sharding strategy: the summary's forward runs on rank zero alone, and a sharded module's
+        forward gathers its parameters from every rank.
+        """
+        datamodule = self.trainer.datamodule
+        size, channels = getattr(datamodule, "image_size", None), getattr(datamodule, "in_channels", None)
+        sharded = isinstance(self.trainer.strategy, (FSDPStrategy, ModelParallelStrategy))
+        if self.example_input_array is None and isinstance(size, int) and isinstance(channels, int) and not sharded:
+            self.example_input_array = torch.zeros(1, channels, size, size)
 
     @override
     def configure_model(self) -> None:
