@@ -7,7 +7,7 @@ the logistic regression of the metric's kind the run logged: ``baseline/linear_a
 the alias ``champion`` at it. Then anyone loads or serves it by alias::
 
     mlflow.pyfunc.load_model("models:/digits@champion")
-    mlflow models serve -m models:/digits@champion --env-manager local --port 5000
+    mlflow models serve -m models:/digits@champion --env-manager local --port 5001
 
 Examples::
 
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Load it with (MLFLOW_TRACKING_URI={uri}):")
     print(f'    model = mlflow.pyfunc.load_model("{result.load_uri}")')
     print("Serve it over HTTP with:")
-    print(f"    mlflow models serve -m {result.load_uri} --env-manager local --port 5000")
+    print(f"    mlflow models serve -m {result.load_uri} --env-manager local --port 5001   # 5000: mlflow ui's")
     return 0
 
 

@@ -184,7 +184,7 @@ def test_promote_real_run_refused_below_baseline_then_loaded_by_alias(tracked, c
     assert f"Promoted run short ({real.info.run_id}): val/acc {acc:.4f} (beats baseline/majority_acc " \
            f"{majority:.4f} by {acc - majority:.4f})" in out
     assert 'model = mlflow.pyfunc.load_model("models:/digits-cnn@champion")' in out
-    assert "mlflow models serve -m models:/digits-cnn@champion --env-manager local --port 5000" in out
+    assert "mlflow models serve -m models:/digits-cnn@champion --env-manager local --port 5001" in out
     version = client.get_model_version_by_alias("digits-cnn", "champion")
     assert (str(version.version), version.run_id) == ("1", real.info.run_id)
     assert version.tags["source_run_id"] == real.info.run_id

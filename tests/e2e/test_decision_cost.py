@@ -147,7 +147,7 @@ def test_promote_by_expected_cost_then_serve_and_batch_score_the_champion(
         args += ["--baseline", "baseline/majority_expected_cost"]
     assert promote.main(args) == 0
     out = capsys.readouterr().out
-    assert "mlflow models serve -m models:/digits@champion --env-manager local --port 5000" in out
+    assert "mlflow models serve -m models:/digits@champion --env-manager local --port 5001" in out
 
     uri = "models:/digits@champion"
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
