@@ -114,8 +114,8 @@ def log_training_input(experiment: Any, run_id: str, dataset_input: Any) -> bool
 
     Launches that start together into one experiment race to insert the same dataset row: the loser's store answers
     with an error (PostgreSQL's unique violation, which a tracking server passes on as a 400 that MLflow's client
-    does not retry) although the row exists by then, so the next attempt links to it. The input is a convenience of the run page (the manifest holds the
-    fingerprint), which is why a store that keeps refusing costs a warning rather than the run.
+    does not retry) although the row exists by then, so the next attempt links to it. The input is a convenience
+    of the run page (the manifest holds the fingerprint): a store that keeps refusing costs a warning, not the run.
     """
     from mlflow.exceptions import MlflowException
 
