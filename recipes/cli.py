@@ -85,6 +85,7 @@ from recipes.run_context import (  # noqa: F401 (re-exported)
     resolve_resume,
     resumable_change,
     run_tags,
+    torchrun_nodes,
 )
 from recipes.run_lock import RunLock, RunLocked
 from recipes.shutdown import destroy_process_group
@@ -418,6 +419,12 @@ class AtscaleCLI(LightningCLI):
         assert self.context is not None
         ctx = self.context
         config = dict(config)
+        nodes = torchrun_nodes()
+        if nodes is not None and config.get("num_nodes", 1) != nodes:  # torchrun --nnodes MIN:MAX: the round's
+            if global_rank_from_env() == 0:
+                print(f"torchrun: this rendezvous round has {nodes} node(s); training on {nodes} "
+                      f"(trainer.num_nodes was {config.get('num_nodes', 1)}).", file=sys.stderr)
+            config["num_nodes"] = nodes
         seed = self.config.get("seed_everything")
         extra: list[Callback] = [Manifest(ctx.run_dir, seed=seed if isinstance(seed, int) else None,
                                           argv=[redact(arg) for arg in sys.argv]),
@@ -498,7 +505,8 @@ class AtscaleCLI(LightningCLI):
         except BaseException as err:
             if logger is not None and self.trainer.is_global_zero and logger.run_id:
                 # never leave the run RUNNING: a stopped attempt is KILLED (the relaunch continues it)
-                stopped = isinstance(err, (Interrupted, KeyboardInterrupt, SIGTERMException))
+                stopped = isinstance(err, (Interrupted, KeyboardInterrupt, SIGTERMException)) or (
+                    isinstance(err, Exception) and lost_peer(err) is not None)
                 try:
                     logger.experiment.set_terminated(logger.run_id, "KILLED" if stopped else "FAILED")
                 except Exception as mark_err:  # the store itself may be what failed
@@ -717,6 +725,30 @@ def _disk_error(err: BaseException) -> OSError | None:
     return None
 
 
+#: A collective's transport saying its peer process is gone (gloo over TCP): the message and the peer's address.
+_LOST_PEER = re.compile(r"gloo/transport/tcp/\S+\] (?:Read error )?(?:\[(?P<addr1>[^\]]+)\]:(?P<port1>\d+): )?"
+                        r"(?P<what>Connection (?:reset|closed) by peer)(?: \[(?P<addr2>[^\]]+)\]:(?P<port2>\d+))?")
+
+
+def lost_peer(err: BaseException) -> str | None:
+    """What a failure says about a lost peer rank ("Connection reset by peer at host:port"), following its causes.
+
+    A peer that died (its node lost, its process killed) fails the others' next collective. That is a stop, not
+    a bug: under ``torchrun --nnodes MIN:MAX`` the survivors restart on the nodes left and resume from the newest
+    checkpoint, so the failure is one line, not a traceback of the collective.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        match = _LOST_PEER.search(str(current)) if isinstance(current, RuntimeError) else None
+        if match:
+            addr, port = match["addr1"] or match["addr2"], match["port1"] or match["port2"]
+            return f"{match['what']} at {addr}:{port}" if addr else match["what"]
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     """Parse, build and fit; bad input -> one line on stderr and exit code 2.
 
@@ -780,6 +812,11 @@ def _run_cli(args: list[str] | None, **kwargs: Any) -> int:
               file=sys.stderr)
         return SIGINT_EXIT_CODE if signum == signal.SIGINT else REQUEUE_EXIT_CODE
     except Exception as err:
+        peer = lost_peer(err)
+        if peer is not None:
+            print(f"error: a peer process was lost ({peer}): the run stopped; relaunch to resume it from its newest "
+                  "checkpoint (torchrun --nnodes MIN:MAX restarts on the nodes left).", file=sys.stderr)
+            return REQUEUE_EXIT_CODE
         disk = _disk_error(err)
         if disk is None:
             raise

@@ -144,6 +144,24 @@ def default_run_name() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+def torchrun_nodes() -> int | None:
+    """The number of nodes in this torchrun rendezvous round, or None when torchrun did not start the process.
+
+    In torchrun's elastic mode (``--nnodes MIN:MAX``) a round has as many nodes as joined it: after a node is
+    lost the survivors restart with fewer, so ``trainer.num_nodes`` follows the round (Lightning checks that
+    devices x nodes is the world size). ``GROUP_WORLD_SIZE`` is torchrun's count; world / local world is the same.
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID", "none") == "none":
+        return None
+    group = os.environ.get("GROUP_WORLD_SIZE", "")
+    if group.isdigit() and int(group) >= 1:
+        return int(group)
+    world, local = os.environ.get("WORLD_SIZE", ""), os.environ.get("LOCAL_WORLD_SIZE", "")
+    if world.isdigit() and local.isdigit() and int(local) >= 1 and int(world) % int(local) == 0:
+        return int(world) // int(local)
+    return None
+
+
 def run_tags() -> dict[str, str] | None:
     """Tags for a new MLflow run from the environment: ``ATSCALE_RUN_TAGS`` (JSON) and a sweep's parent run."""
     tags = json.loads(os.environ.get(ENV_RUN_TAGS) or "{}")

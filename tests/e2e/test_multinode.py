@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import torch
 
 from callbacks.spot import CHECKPOINT_PATTERN
 from callbacks.storage import ckpt_store
+from datamodules.digits import DigitsDataModule
 from tests.conftest import CONFIGS, FAST, cli_env, free_port, runs_of
+from tests.sample_trace import epoch_counts, split_counts
 
 
 def test_torchrun_two_nodes_make_one_mlflow_run_and_one_checkpoint(tmp_path: Path) -> None:
@@ -37,3 +43,69 @@ def test_torchrun_two_nodes_make_one_mlflow_run_and_one_checkpoint(tmp_path: Pat
     state = torch.load(record.path, map_location="cpu", weights_only=False)
     assert len(state["atscale"]["rng"]) == 2  # both ranks' RNG states
     assert state["atscale"]["mlflow_run_id"] == runs[0].info.run_id
+
+
+def test_torchrun_elastic_job_goes_on_when_a_node_is_lost(tmp_path: Path) -> None:
+    """``torchrun --nnodes 1:2``: two agents on 127.0.0.1; one is killed mid-run (agent and worker, SIGKILL).
+
+    The survivor's worker fails on the lost peer, its agent restarts it in a round of one node, and the run
+    resumes from its newest checkpoint on one process: one MLflow run, FINISHED, one checkpoint directory, every
+    training sample trained once per epoch (what the lost node trained past the checkpoint trained again).
+    """
+    port, trace = free_port(), tmp_path / "trace"
+    env = cli_env(tmp_path)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-nodes",
+               "--rdzv-conf=last_call_timeout=2", "--max-restarts=2", "--monitor-interval=0.5",
+               "-m", "recipes.fit", "--config", str(CONFIGS / "digits.yaml"), *FAST, "--log_model", "false",
+               "--trainer.strategy", "ddp", "--trainer.devices", "1", "--trainer.max_epochs", "2",
+               "--spot.every_n_steps", "5", "--run_name", "elastic-nodes",
+               "--trainer.callbacks+=tests.sample_trace.SampleTrace", f"--trainer.callbacks.path={trace}"]
+    logs = [open(tmp_path / f"node{i}.log", "w") for i in range(2)]
+    survivor = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=logs[0], stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    time.sleep(1.0)  # the survivor hosts the rendezvous store
+    lost = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=logs[1], stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    ckpt_dir = tmp_path / "runs" / "digits" / "elastic-nodes" / "checkpoints"
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and survivor.poll() is None:  # both nodes trained past step 10
+            record = ckpt_store.newest_good(ckpt_dir, CHECKPOINT_PATTERN) if ckpt_dir.exists() else None
+            if record is not None and record.global_step >= 10:
+                break
+            time.sleep(0.2)
+        assert survivor.poll() is None and lost.poll() is None, (tmp_path / "node0.log").read_text()[-3000:]
+        # the node is lost: its agent and its worker (torchrun starts each worker in a session of its own)
+        for proc in [*psutil.Process(lost.pid).children(recursive=True), psutil.Process(lost.pid)]:
+            proc.send_signal(signal.SIGKILL)
+        lost.wait(30)
+        survivor.wait(600)
+    finally:
+        for proc in (survivor, lost):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for log in logs:
+            log.close()
+    output = (tmp_path / "node0.log").read_text()
+    assert survivor.returncode == 0, output[-5000:]
+    # the first round had both nodes (the command says 1); the restart after the loss has one: nothing to say
+    assert output.count("torchrun: this rendezvous round has 2 node(s); training on 2 (trainer.num_nodes was 1).") == 1
+    assert "Resumed on 1 rank(s) from a checkpoint of 2" in output, output[-5000:]
+    # the survivor's failed collective is one line (a stop: exit 75, the agent restarts it), not a traceback
+    assert output.count("error: a peer process was lost (Connection ") == 1, output[-5000:]
+    assert "Traceback" not in output, output[-5000:]
+
+    (run,) = runs_of(tmp_path, "digits")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["atscale.elastic"].startswith("2->1@")
+    assert sorted(p.name for p in (tmp_path / "runs" / "digits").iterdir()) == ["elastic-nodes"]
+    record = ckpt_store.newest_good(ckpt_dir, CHECKPOINT_PATTERN)
+    assert record is not None and record.extra["mlflow_run_id"] == run.info.run_id
+    data = DigitsDataModule()
+    data.setup("fit")
+    split = split_counts(data.train_set)
+    counts = epoch_counts(trace)
+    assert sorted(counts) == [0, 1] and all(counts[epoch] == split for epoch in counts), \
+        {epoch: sum((c - split).values()) + sum((split - c).values()) for epoch, c in counts.items()}
