@@ -63,6 +63,7 @@ key                                 meaning
 ``comm/fsdp_collective_s``          FSDP: collective time per sampled step (torch.profiler)
 ``time/serial_share``               serial share of this run's step (per window)
 ``amdahl/serial_fraction``          Amdahl's s of the whole run (one device's time), at train end
+``amdahl/serial_fraction/world_N``  the same, under the world size N it was measured at
 ``amdahl/predicted_speedup_N``      ``1/(s + (1-s)/N)`` for N = 2, 4, 8, 16, 32, 64, at train end
 ==================================  =============================================================
 
@@ -517,6 +518,8 @@ class StepTiming(Callback):
             metrics[f"{prefix}checkpoint_per_step_s"] = ckpt_per_step
             s = amdahl_serial_fraction(share, self._world)
             metrics["amdahl/serial_fraction"] = s
+            # per world size too: a run resumed on another device count keeps each size's measurement
+            metrics[f"amdahl/serial_fraction/world_{self._world}"] = s
             metrics.update(amdahl_predictions(s))
         return metrics
 

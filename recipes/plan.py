@@ -620,7 +620,10 @@ class RunMeasurement:
         world_size_source: Where ``world_size`` comes from.
         steps: The run's total optimizer steps.
         steps_source: Where ``steps`` comes from.
-        serial_fraction: The run's own ``amdahl/serial_fraction``, or None when it logged none.
+        serial_fraction: The run's own ``amdahl/serial_fraction`` measured at ``world_size`` (its
+            ``.../world_N`` record, which a run resumed on another device count keeps per world size), else
+            the run's latest; None when it logged none.
+        serial_fraction_key: The metric ``serial_fraction`` was read from.
         measured_device: What measured the step time: ``"CPU"``, the GPU model(s) in ``manifest.json``,
             or None when unknown.
         device_source: Where ``measured_device`` comes from.
@@ -637,6 +640,7 @@ class RunMeasurement:
     serial_fraction: float | None
     measured_device: str | None = None
     device_source: str = "no manifest.json"
+    serial_fraction_key: str = SERIAL_KEY
 
 
 def _tracking_client() -> tuple[MlflowClient, str]:
@@ -781,12 +785,13 @@ def measure_run(client: MlflowClient, run: Run, run_dir: Path | None = None) -> 
     manifest = _manifest(client, run, run_dir)
     world, world_source = _world_size(manifest, run)
     device, device_source = _measured_device(manifest, run)
-    serial = metrics.get(SERIAL_KEY)
+    serial_key = f"{SERIAL_KEY}/world_{world}" if f"{SERIAL_KEY}/world_{world}" in metrics else SERIAL_KEY
+    serial = metrics.get(serial_key)
     return RunMeasurement(run_id=run_id, run_dir=None if run_dir is None else str(run_dir),
                           measured_step_s=float(measured), step_time_source=source, world_size=world,
                           world_size_source=world_source, steps=int(steps), steps_source=steps_source,
                           serial_fraction=None if serial is None else float(serial), measured_device=device,
-                          device_source=device_source)
+                          device_source=device_source, serial_fraction_key=serial_key)
 
 
 def _resolve_run(client: MlflowClient, ref: str, uri: str) -> tuple[Run, Path | None]:
@@ -917,7 +922,10 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
         run, run_dir = _resolve_run(client, args.run, uri)
         measured = measure_run(client, run, run_dir)
         if law is None and measured.serial_fraction is not None:
-            law, law_source = {"serial_fraction": measured.serial_fraction}, f"the run's {SERIAL_KEY}"
+            key = measured.serial_fraction_key
+            law_source = f"the run's {key}" + (f" (measured on {measured.world_size} devices)" if key != SERIAL_KEY
+                                               else "")
+            law = {"serial_fraction": measured.serial_fraction}
         if law is None:
             raise ValueError(f"no scaling law: run {measured.run_id} logged no {SERIAL_KEY}; give --scale-run "
                              "PARENT_RUN_ID (a recipes.scale sweep), --serial-fraction S or --usl-a A --usl-b B.")

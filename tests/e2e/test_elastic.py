@@ -8,6 +8,7 @@ across the launches, whatever the world size of each launch.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -117,7 +118,9 @@ def test_reference_runs_train_each_sample_once_per_epoch(reference: dict, split:
         assert_each_sample_once_per_epoch(workdir, split)
 
 
-def test_ddp_two_processes_resumed_on_one(reference: dict, split: collections.Counter, tmp_path: Path) -> None:
+def test_ddp_two_processes_resumed_on_one(reference: dict, split: collections.Counter, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
     first = run_fit(tmp_path, *traced(tmp_path, *DDP, "--spot.drill_steps", "[12]"), "--run_name", "el")
     assert first.returncode == REQUEUE_EXIT_CODE, first.stderr[-3000:]
     second = run_fit(tmp_path, *traced(tmp_path, *ONE), "--run_name", "el")
@@ -126,6 +129,27 @@ def test_ddp_two_processes_resumed_on_one(reference: dict, split: collections.Co
     assert second.stderr.count("Resumed on 1 rank(s) from a checkpoint of 2 (step 12)") == 1
     assert_one_finished_run(tmp_path, "2->1@12")
     assert_loss_as_measured(tmp_path, reference, "2->1")
+    assert_planned_from_the_last_world_size(tmp_path, 1, monkeypatch, capsys)
+
+
+def assert_planned_from_the_last_world_size(workdir: Path, world: int, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """One serial-fraction record per world size the run trained at; ``recipes.plan --run`` reads the last one."""
+    from recipes.plan import main as plan
+
+    (run,) = runs_of(workdir, "digits")
+    records = {key for key in run.data.metrics if key.startswith("amdahl/serial_fraction/world_")}
+    assert records == {"amdahl/serial_fraction/world_1", "amdahl/serial_fraction/world_2"}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", cli_env(workdir)["MLFLOW_TRACKING_URI"])
+    capsys.readouterr()
+    assert plan(["--run", str(workdir / "runs/digits/el"), "--devices", "1,2", "--instance", "a3-highgpu-1g",
+                 "--interruption-rate", "0.05", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    source = planned["run"]
+    assert (source["world_size"], source["world_size_source"]) == (world, "manifest.json")
+    assert source["scaling_law_source"] == (f"the run's amdahl/serial_fraction/world_{world} (measured on {world} "
+                                            "devices)")
+    assert planned["inputs"]["scaling_law"] == f"Amdahl s={run.data.metrics[f'amdahl/serial_fraction/world_{world}']:g}"
 
 
 def test_ddp_one_process_resumed_on_two(reference: dict, split: collections.Counter, tmp_path: Path) -> None:

@@ -56,6 +56,22 @@ def _row(out: dict[str, Any], devices: int, market: str) -> dict[str, Any]:
 LOSS = [(s, 1.0) for s in range(100)]  # a training metric after step k carries step k - 1
 
 
+def test_an_elastic_run_is_planned_from_its_last_world_size_and_that_sizes_serial_fraction(
+        tmp_path, store, capsys) -> None:
+    """A run trained on 2, then resumed on 1 device: the serial fraction measured at the world size of the record."""
+    run_id = _run(store, tmp_path, {"train/loss": LOSS, "val/acc": [(100, 0.9)],
+                                    "amdahl/serial_fraction": [(40, 0.3), (100, 0.1)],
+                                    "amdahl/serial_fraction/world_2": [(40, 0.3)],
+                                    "amdahl/serial_fraction/world_1": [(100, 0.1)]},
+                  params={"trainer.devices": "2", "trainer.num_nodes": "1"})
+    code, out = _plan(capsys, "--run", run_id, "--devices", "1,2", *ARGS)
+    assert code == 0
+    src = out["run"]
+    assert src["world_size"] == 2  # the params (no manifest here) say 2: the world_2 record is the one to use
+    assert src["scaling_law_source"] == "the run's amdahl/serial_fraction/world_2 (measured on 2 devices)"
+    assert out["inputs"]["scaling_law"] == "Amdahl s=0.3"
+
+
 def test_wall_duration_over_steps_scaled_to_one_device(tmp_path, store, capsys) -> None:
     """No timing metrics: 90 s / 100 steps on 2 devices = 0.9 s a step at N=2, so 0.9 x C(2) on one device."""
     run_id = _run(store, tmp_path, {"train/loss": LOSS, "val/acc": [(100, 0.9)], "amdahl/serial_fraction": [(100, 0.2)],

@@ -167,6 +167,8 @@ def test_exact_breakdown_with_patched_clock(tmp_path: Path, clock: FakeClock) ->
     # the run's fraction, once at the end; one device: Amdahl's s is the serial share itself
     s_run = (0.007 + 0.5 / 6) / (0.057 + 0.5 / 6)
     assert logger.values("amdahl/serial_fraction") == [(6, pytest.approx(s_run, rel=1e-9))]
+    # and under the world size it was measured at: a run resumed elsewhere keeps one record per world size
+    assert logger.values("amdahl/serial_fraction/world_1") == logger.values("amdahl/serial_fraction")
     assert logger.values("amdahl/predicted_speedup_2") == [(6, pytest.approx(1 / (s_run + (1 - s_run) / 2),
                                                                               rel=1e-9))]
     mean = dict(logger.calls[-1][1])
