@@ -54,8 +54,9 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     """An Optuna RDB storage at ``url``; :class:`UsageError` naming the URL when it cannot be used.
 
     Optuna creates its tables in a new database: several processes doing so at once collide (all but one
-    fail on PostgreSQL's unique catalog entries), so on PostgreSQL the creation holds an advisory lock, and a
-    collision elsewhere is retried (the tables then exist).
+    fail on PostgreSQL's unique catalog entries), so the creation holds a lock (advisory on PostgreSQL, a file
+    beside a sqlite database), and a collision with a program that does not take it (Optuna's dashboard, a
+    notebook's ``load_study``) is retried: the tables then exist.
     """
     from recipes.tracking import redact
 
@@ -69,7 +70,9 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             with _schema_lock(url):
                 return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
         except Exception as err:  # sqlalchemy's many errors: a bad URL, a missing driver, a refused connection
-            if type(err).__name__ in ("IntegrityError", "ProgrammingError") and attempt < 4:
+            created_elsewhere = type(err).__name__ in ("IntegrityError", "ProgrammingError") or (
+                type(err).__name__ == "OperationalError" and "already exists" in str(err))  # sqlite's word for it
+            if created_elsewhere and attempt < 4:
                 time.sleep(0.2 * (attempt + 1))  # another process was creating the tables: they exist now
                 continue
             message = " ".join(str(err).split())[:300]

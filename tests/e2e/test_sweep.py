@@ -53,8 +53,11 @@ def run_sweep(workdir: Path, name: str, trials: int, *args: str, env: dict[str, 
 
 
 def study_of(workdir: Path, name: str, storage: str | None = None) -> optuna.Study:
+    """The sweep's study, read as the sweep opens it (under its schema lock: not racing its table creation)."""
+    from recipes.sweeps.study import open_storage
+
     url = storage or f"sqlite:///{workdir / 'runs' / 'digits' / name / 'study.db'}"
-    return optuna.load_study(study_name=name, storage=url)
+    return optuna.load_study(study_name=name, storage=open_storage(url))
 
 
 def trial_runs(workdir: Path, name: str) -> dict[int, list[mlflow.entities.Run]]:

@@ -377,3 +377,26 @@ def test_promote_of_an_unknown_sweep_exits_2_naming_it(tracked: Path, capsys: py
         promote.main([])
     assert exited.value.code == 2
     assert "--experiment is required (or --sweep NAME)" in capsys.readouterr().err
+
+
+def test_a_sqlite_study_whose_tables_another_program_is_creating_opens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that does not take the study lock (Optuna's dashboard, a notebook's ``load_study``) can create
+    the tables at the same moment: sqlite then says "table ... already exists", and the tables are there."""
+    from sqlalchemy.exc import OperationalError
+
+    real = optuna.storages.RDBStorage
+    attempts: list[str] = []
+
+    def racing(url: str, **kwargs: object) -> optuna.storages.RDBStorage:
+        attempts.append(url)
+        if len(attempts) == 1:
+            real(url)  # the other program wins the race
+            raise OperationalError("CREATE TABLE study_directions (...)", {},
+                                   Exception("table study_directions already exists"))
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    storage = study.open_storage(url)
+    assert len(attempts) == 2 and storage.get_all_studies() == []
