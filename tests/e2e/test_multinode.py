@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -64,7 +65,12 @@ def test_torchrun_elastic_job_goes_on_when_a_node_is_lost(tmp_path: Path) -> Non
     logs = [open(tmp_path / f"node{i}.log", "w") for i in range(2)]
     survivor = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=logs[0], stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    time.sleep(1.0)  # the survivor hosts the rendezvous store
+    deadline = time.monotonic() + 180  # the survivor hosts the rendezvous store: the other agent starts once it listens
+    while survivor.poll() is None and time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
     lost = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=logs[1], stderr=subprocess.STDOUT,
                             start_new_session=True)
     ckpt_dir = tmp_path / "runs" / "digits" / "elastic-nodes" / "checkpoints"
