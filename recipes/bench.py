@@ -873,7 +873,7 @@ def print_checkpoint(figures: dict[str, Any], console: Console) -> None:
 
 # ------------------------------------------------------------- default recipe's fit
 DIGITS_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.yaml"
-#: Goal: the default digits recipe's ``trainer.fit`` at most this many times plain Lightning's (issue 16).
+#: Goal: the default digits recipe's ``trainer.fit`` at most this many times plain Lightning's.
 GOAL_FIT_RATIO = 1.15
 #: Width of the fit ratio's 95 % CI below which more rounds stop.
 FIT_MARGIN = 0.05

@@ -1,4 +1,4 @@
-"""``python -m recipes.bench gpu``: the GPU check of issue 16, one command, one JSON, one README table.
+"""``python -m recipes.bench gpu``: the GPU check of the speed goals, one command, one JSON, one README table.
 
 On one CUDA GPU (about 8 minutes on an H100/H200-class device) it measures, for the gpt-124m recipe
 (``configs/gpt-124m.yaml``: bf16-mixed, ``torch.compile``, 16 x 1024-byte windows per step):
@@ -66,7 +66,7 @@ from recipes.common import UsageError
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "gpt-124m.yaml"
 GPU_MODE, CPU_MODE = "gpu", "cpu reduced mode"
-#: Goals (issue 16): MFU on an H100/H200-class GPU, full recipe / plain Lightning, async stall / pinned copy.
+#: Goals: MFU on an H100/H200-class GPU, full recipe / plain Lightning, async stall / pinned copy.
 GOAL_MFU = 0.45
 GOAL_RECIPE_RATIO = 0.99
 GOAL_STALL_OVER_FLOOR = 1.5

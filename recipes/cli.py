@@ -458,7 +458,7 @@ class AtscaleCLI(LightningCLI):
                 # created with the run, atomically: a relaunch finds the run even if killed a moment later
                 tags={**search_tags(self.config), **(run_tags() or {}), RUN_DIR_TAG: ctx.identity},
                 # metrics go through MLflow's async queue: a sqlite/HTTP write per logging window on the
-                # training thread cost ~7 ms a step (issue 16). set_terminated (Lightning's finalize, and
+                # training thread cost milliseconds a step. set_terminated (Lightning's finalize, and
                 # ours on failure) drains it before the run ends, an atexit hook at process exit.
                 synchronous=False,
             )
@@ -529,7 +529,7 @@ class AtscaleCLI(LightningCLI):
         return REQUEUE_EXIT_CODE if interrupted else 0
 
     def _after_fit(self, logger: MLFlowLogger | None) -> None:
-        """What the callbacks deferred past ``trainer.fit`` (issue 16): the time-breakdown plot and the model."""
+        """What the callbacks deferred past ``trainer.fit``, off the training loop: the time plot and the model."""
         try:
             for callback in self.trainer.callbacks:
                 if isinstance(callback, StepTiming):
