@@ -19,7 +19,7 @@ Example::
         mirror=RemoteCheckpoints("s3://bucket/runs/exp/run/checkpoints", Path("runs/exp/run/checkpoints"))))])
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``storage/{ckpt_store,safe_load,remote_store}.py`` (remote_store needs fsspec).
+``storage/{ckpt_store,safe_load,remote_store}.py`` (remote_store needs fsspec), ``utils/compat.py``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing_extensions import override
 
 from .storage import ckpt_store
 from .storage.remote_store import RemoteCheckpoints
+from .utils.compat import async_error, async_executor, set_async_error
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
     @override
     def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         self._wait_for_previous()
-        self._ensure_setup()
+        executor = async_executor(self)
         if "checkpoint" in kwargs:
             kwargs = {**kwargs, "checkpoint": self._stage(kwargs["checkpoint"])}
         elif args:
@@ -205,13 +206,13 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
                 assert inner is not None
                 inner.save_checkpoint(*a, **kw)
             except BaseException as ex:
-                self._error = ex
+                set_async_error(self, ex)
 
-        assert self._executor is not None
-        self._executor.submit(save, *args, **kwargs)
-        self._drained = self._executor.submit(lambda: None)  # done once every earlier save is
-        if self._error:  # a save submitted earlier failed
-            raise self._error
+        executor.submit(save, *args, **kwargs)
+        self._drained = executor.submit(lambda: None)  # done once every earlier save is
+        error = async_error(self)
+        if error:  # a save submitted earlier failed
+            raise error
 
     @override
     def teardown(self) -> None:
@@ -222,8 +223,9 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         """Block until every save submitted so far is written (the staging buffer stays for the next save)."""
         if self._drained is not None:
             self._drained.result()
-        if self._error:
-            raise self._error
+        error = async_error(self)
+        if error:
+            raise error
 
     @property
     def waits(self) -> int:
@@ -257,19 +259,19 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         successor is on disk (and uploaded), never when the successor failed, and never on the training thread.
         ``description`` names the task in the log ("remove checkpoint x").
         """
-        self._ensure_setup()
-        assert self._executor is not None
+        executor = async_executor(self)
 
         def run() -> None:
-            if self._error is not None:  # a save before it failed (a full disk): what it would replace must stay
-                log.warning("Did not %s: the save before it failed (%s).", description, self._error)
+            error = async_error(self)
+            if error is not None:  # a save before it failed (a full disk): what it would replace must stay
+                log.warning("Did not %s: the save before it failed (%s).", description, error)
                 return
             try:
                 task()
             except Exception as err:
                 log.error("Could not %s: %s", description, err)
 
-        self._executor.submit(run)
+        executor.submit(run)
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:

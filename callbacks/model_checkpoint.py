@@ -11,7 +11,7 @@ Example::
     trainer = Trainer(callbacks=[PublishedModelCheckpoint(monitor="val/acc", mode="max")])
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
-``storage/{ckpt_store,safe_load,remote_store}.py``.
+``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/compat.py``.
 """
 
 from __future__ import annotations

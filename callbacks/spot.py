@@ -30,7 +30,7 @@ key                        meaning
 =========================  ===========================================================
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
-``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/{notices,rng,collectives}.py``,
+``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/{notices,rng,collectives,compat}.py``,
 ``analysis/ckpt_interval.py``.
 """
 
@@ -57,6 +57,7 @@ from .checkpoint_io import RUN_METADATA_KEY, BoundedAsyncCheckpointIO, mirror_of
 from .storage import ckpt_store
 from .utils import notices
 from .utils.collectives import all_ranks, any_rank
+from .utils.compat import validation_due
 from .utils.rng import restore_rank_rng, rng_state, set_rng_state  # noqa: F401 (tests import it from here)
 
 if TYPE_CHECKING:
@@ -303,11 +304,7 @@ class SpotCheckpoint(Callback):
         """Whether this batch is its epoch's last and the epoch's validation is due after it (all ranks agree)."""
         if not self.validate_on_notice or not trainer.enable_validation:
             return False
-        loop = trainer.fit_loop.epoch_loop
-        try:  # Lightning's own decision (private API; without it, validation is skipped as before)
-            due = loop.batch_progress.is_last_batch and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
-        except AttributeError:
-            due = False
+        due = validation_due(trainer)  # Lightning's own decision
         if trainer.world_size > 1:
             due = all_ranks(bool(due), trainer.strategy.root_device)
         return bool(due)

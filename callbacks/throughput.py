@@ -25,7 +25,7 @@ key                             meaning
 ``train/lengths``               tokens seen by one device since training (re)started
 ==============================  ==================================================
 
-Copy with it: nothing; this file works alone.
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``utils/compat.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ThroughputMonitor
 from typing_extensions import override
+
+from .utils.compat import lightning_log_metrics, lightning_should_log
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -134,14 +136,14 @@ class TokenThroughput(ThroughputMonitor):
     def _compute(self, trainer: Trainer, iter_num: int | None = None) -> None:
         # Lightning's ThroughputMonitor names the lengths it counts "items": for a language model they are tokens,
         # so they are logged as such (the rest of its keys as Lightning names them)
-        if not trainer._logger_connector.should_update_logs:
+        if not lightning_should_log(trainer):
             return
         stage = trainer.state.stage
         assert stage is not None
         throughput = self._throughputs[stage]
         metrics = {f"{stage.value}{throughput.separator}{k.replace('items_per_sec', 'tokens_per_sec')}": v
                    for k, v in throughput.compute().items()}
-        trainer._logger_connector.log_metrics(metrics, step=iter_num)  # type: ignore[arg-type]
+        lightning_log_metrics(trainer, metrics, iter_num)
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:

@@ -69,6 +69,7 @@ from recipes.common import (
     UsageError,
     check_tracking_server,
 )
+from recipes.compat import system_metrics_monitor
 from recipes.resumable_logger import ResumableMLFlowLogger
 from recipes.run_callbacks import RelocateCheckpointState, TrackedConfig, UploadRunFiles
 from recipes.run_context import (  # noqa: F401 (re-exported)
@@ -560,12 +561,9 @@ class AtscaleCLI(LightningCLI):
     @staticmethod
     def _start_system_metrics(run_id: str, resume: bool) -> Any:
         """MLflow's system-metrics sampler; a continued run's samples carry on from its last sample's step."""
-        try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-        except ImportError:  # pragma: no cover - psutil missing
-            return None
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=10, samples_before_logging=1, resume_logging=resume)
-        monitor.start()
+        monitor = system_metrics_monitor(run_id, sampling_interval=10, samples_before_logging=1, resume_logging=resume)
+        if monitor is not None:
+            monitor.start()
         return monitor
 
     def print_summary(self, duration: float, interrupted: bool) -> None:

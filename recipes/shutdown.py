@@ -101,6 +101,7 @@ def exit_process(code: int) -> NoReturn:
     # what a normal exit runs before finalization, in its order (CPython's Py_FinalizeEx): non-daemon
     # threads joined (threading's own atexit list first, e.g. concurrent.futures' workers), atexit handlers,
     # standard streams flushed. The interpreter's private hooks for the first two are the only ones there are.
+    # (here, not in recipes/compat.py: this file is copied alone; tests/unit/recipes/test_shutdown.py checks them)
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

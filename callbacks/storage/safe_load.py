@@ -54,6 +54,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 from typing_extensions import override
 
+from ..utils.compat import torch_allowed_globals
+
 METADATA_NAME = ".metadata"
 #: The file of a Lightning distributed checkpoint that holds everything but the model and optimizer shards.
 LIGHTNING_META_NAME = "meta.pt"
@@ -102,13 +104,6 @@ def _dcp_globals() -> dict[str, Any]:
     return {f"{obj.__module__}.{obj.__qualname__}": obj for obj in allowed}
 
 
-def _torch_allowed_globals() -> dict[str, Any]:
-    """torch's weights-only allow-list, with what the user added through ``torch.serialization.add_safe_globals``."""
-    from torch import _weights_only_unpickler as weights_only
-
-    return {**weights_only._get_allowed_globals(), **weights_only._get_user_allowed_globals()}
-
-
 class _RestrictedUnpickler(pickle.Unpickler):
     """``pickle.Unpickler`` that resolves only allow-listed globals and no persistent ids."""
 
@@ -137,7 +132,7 @@ def _inside(relative: str) -> bool:
 def read_metadata(handle: IO[bytes], path: str | os.PathLike) -> Metadata:
     """Unpickle a ``.metadata`` stream through the allow-list; ``path`` names it in errors."""
     try:
-        metadata = _RestrictedUnpickler(handle, {**_torch_allowed_globals(), **_dcp_globals()}).load()
+        metadata = _RestrictedUnpickler(handle, {**torch_allowed_globals(), **_dcp_globals()}).load()
     except pickle.UnpicklingError as err:
         raise CheckpointRejected(path, _first_line(err)) from err
     except Exception as err:  # whatever else a malformed stream raises

@@ -1,0 +1,77 @@
+"""The callbacks' couplings to private internals of Lightning and torch, each in one place.
+
+Each function here reaches into something its library does not promise to keep, because no public
+route does the job. The versions they were checked against are named below, and
+``tests/unit/callbacks/test_compat.py`` has a test per coupling that fails, naming it, when an upgrade
+breaks it. Code elsewhere in ``callbacks/`` calls these functions, never the private names.
+
+Checked against lightning 2.6 and torch 2.14:
+
+- :func:`validation_due`: Lightning decides inside its epoch loop whether validation follows a batch,
+  and does not expose the decision.
+- :func:`lightning_should_log`, :func:`lightning_log_metrics`: a callback that logs as Lightning's own
+  ``ThroughputMonitor`` does, on the trainer's logging cadence and through its logger connector.
+- :func:`async_executor`, :func:`async_error`, :func:`set_async_error`: ``AsyncCheckpointIO`` keeps its
+  writer thread and a failed save's error to itself; a bounded subclass queues work on the same thread.
+- :func:`torch_allowed_globals`: torch's weights-only allow-list, for a restricted unpickler of the
+  metadata torch.distributed.checkpoint writes.
+
+Copy with it: nothing; this file works alone.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+
+def validation_due(trainer: Trainer) -> bool:
+    """Whether the batch just trained is its epoch's last and the epoch's validation follows it.
+
+    Lightning's epoch loop asks its ``_should_check_val_fx`` with the fit loop's ``_data_fetcher``; on a
+    Lightning without them (AttributeError), False: the caller then skips validation, as before.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    try:
+        return bool(loop.batch_progress.is_last_batch and loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+    except AttributeError:
+        return False
+
+
+def lightning_should_log(trainer: Trainer) -> bool:
+    """Whether this step is one Lightning logs at (``log_every_n_steps``), as its logger connector decides."""
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+def lightning_log_metrics(trainer: Trainer, metrics: dict[str, Any], step: int | None) -> None:
+    """Log ``metrics`` through Lightning's logger connector (every logger, its step bookkeeping)."""
+    trainer._logger_connector.log_metrics(metrics, step=step)  # type: ignore[arg-type]
+
+
+def async_executor(io: AsyncCheckpointIO) -> ThreadPoolExecutor:
+    """The writer thread of ``io`` (one worker), started on first use as ``AsyncCheckpointIO`` starts it."""
+    io._ensure_setup()
+    executor = io._executor
+    assert isinstance(executor, ThreadPoolExecutor)
+    return executor
+
+
+def async_error(io: AsyncCheckpointIO) -> BaseException | None:
+    """The error of a save that failed in the writer thread of ``io``, re-raised by its next save."""
+    return io._error
+
+
+def set_async_error(io: AsyncCheckpointIO, error: BaseException) -> None:
+    """Record ``error`` as a failed save of ``io``: ``AsyncCheckpointIO`` raises it at the next save and teardown."""
+    io._error = error
+
+
+def torch_allowed_globals() -> dict[str, Any]:
+    """torch's weights-only allow-list, with what the user added through ``torch.serialization.add_safe_globals``."""
+    from torch import _weights_only_unpickler as weights_only
+
+    return {**weights_only._get_allowed_globals(), **weights_only._get_user_allowed_globals()}

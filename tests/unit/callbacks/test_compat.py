@@ -1,0 +1,118 @@
+"""One test per private coupling in ``callbacks/utils/compat.py``: each fails, naming it, when an upgrade breaks it."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks.utils import compat
+
+
+class Tiny(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val/loss", self.layer(batch[0]).pow(2).mean())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Steps(Logger):
+    """Which metrics reached the logger at which step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int | None, tuple[str, ...]]] = []
+
+    @property
+    def name(self) -> str:
+        return "steps"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logged.append((step, tuple(sorted(metrics))))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class Record(Callback):
+    def __init__(self) -> None:
+        self.due: list[tuple[int, int, bool]] = []
+        self.should_log: list[int] = []
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.due.append((trainer.current_epoch, batch_idx, compat.validation_due(trainer)))
+        if compat.lightning_should_log(trainer):
+            self.should_log.append(trainer.global_step)
+
+
+def _fit(tmp_path: Path, **trainer_kwargs: Any) -> tuple[Record, Steps, Trainer]:
+    data = DataLoader(TensorDataset(torch.randn(12, 2)), batch_size=4)  # 3 batches an epoch
+    record, logger = Record(), Steps()
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=logger, callbacks=[record],
+                      default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, num_sanity_val_steps=0, **trainer_kwargs)
+    trainer.fit(Tiny(), train_dataloaders=data, val_dataloaders=data)
+    return record, logger, trainer
+
+
+def test_validation_due_is_true_at_the_last_batch_of_an_epoch_that_validates(tmp_path: Path) -> None:
+    record, _, _ = _fit(tmp_path, check_val_every_n_epoch=2)
+    assert record.due == [(0, 0, False), (0, 1, False), (0, 2, False), (1, 0, False), (1, 1, False), (1, 2, True)], \
+        "compat.validation_due: Lightning's _should_check_val_fx / _data_fetcher changed"
+
+
+def test_lightning_should_log_and_log_metrics_follow_the_trainers_cadence(tmp_path: Path) -> None:
+    record, logger, trainer = _fit(tmp_path, log_every_n_steps=2)
+    trained = [step for step, keys in logger.logged if "train/loss" in keys]
+    assert record.should_log == [step + 1 for step in trained] == [2, 4, 6], \
+        "compat.lightning_should_log: Lightning's _logger_connector.should_update_logs changed"
+    compat.lightning_log_metrics(trainer, {"x/y": 1.0}, 41)
+    assert logger.logged[-1] == (41, ("x/y",)), "compat.lightning_log_metrics: _logger_connector.log_metrics changed"
+
+
+def test_async_executor_and_error_are_those_async_checkpoint_io_uses(tmp_path: Path) -> None:
+    io = AsyncCheckpointIO(TorchCheckpointIO())
+    executor = compat.async_executor(io)
+    assert isinstance(executor, ThreadPoolExecutor) and compat.async_executor(io) is executor
+    io.save_checkpoint({"a": torch.ones(1)}, tmp_path / "one.ckpt")
+    assert executor.submit(lambda: 7).result() == 7  # the same thread: after the save
+    assert (tmp_path / "one.ckpt").exists() and compat.async_error(io) is None
+    compat.set_async_error(io, OSError("disk full"))
+    assert isinstance(compat.async_error(io), OSError)
+    with pytest.raises(OSError, match="disk full"):  # AsyncCheckpointIO raises it at the next save
+        io.save_checkpoint({"a": torch.ones(1)}, tmp_path / "two.ckpt")
+
+
+class Allowed:
+    pass
+
+
+def test_torch_allowed_globals_holds_torchs_list_and_the_users(tmp_path: Path) -> None:
+    allowed = compat.torch_allowed_globals()
+    assert allowed["torch._utils._rebuild_tensor_v2"] is torch._utils._rebuild_tensor_v2
+    with torch.serialization.safe_globals([Allowed]):
+        added = compat.torch_allowed_globals()
+    assert added[f"{Allowed.__module__}.{Allowed.__qualname__}"] is Allowed
