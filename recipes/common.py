@@ -9,6 +9,7 @@ installed.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -148,3 +149,28 @@ def find_run(client: mlflow.MlflowClient, experiment_ids: Sequence[str], run_nam
     runs = client.search_runs(list(experiment_ids), filter_string=f"tags.`mlflow.runName` = '{quoted}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0] if runs else None
+
+
+def human_duration(seconds: float) -> str:
+    """A duration in the unit that fits it: ``"0.046 s"``, ``"22 s"``, ``"34 min"``, ``"8.59 h"``, ``"11.6 d"``.
+
+    Args:
+        seconds: The duration (>= 0; ``inf`` or ``nan`` print as ``"-"``).
+
+    Returns:
+        Two or three significant digits and a unit: s below a minute, min below an hour, h below two
+        days, else d.
+    """
+    if not math.isfinite(seconds):
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.2g} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        minutes = seconds / 60
+        return f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min"
+    if seconds < 48 * 3600:
+        hours = seconds / 3600
+        return f"{hours:.2f} h" if hours < 10 else f"{hours:.1f} h"
+    return f"{seconds / 86400:.1f} d"

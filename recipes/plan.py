@@ -81,7 +81,7 @@ from callbacks.analysis.cost import expected_run
 from callbacks.analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from callbacks.analysis.scaling import amdahl_speedup, usl_speedup
 from callbacks.storage import ckpt_store
-from recipes.common import SERIAL_KEY, UsageError, positive_ints, tracking_uri
+from recipes.common import SERIAL_KEY, UsageError, human_duration, positive_ints, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -405,31 +405,6 @@ def to_json(result: PlanResult) -> dict:
         "messages": result.messages,
         "feasible": result.feasible,
     }
-
-
-def human_duration(seconds: float) -> str:
-    """A duration in the unit that fits it: ``"0.046 s"``, ``"22 s"``, ``"34 min"``, ``"8.59 h"``, ``"11.6 d"``.
-
-    Args:
-        seconds: The duration (>= 0; ``inf`` or ``nan`` print as ``"-"``).
-
-    Returns:
-        Two or three significant digits and a unit: s below a minute, min below an hour, h below two
-        days, else d.
-    """
-    if not math.isfinite(seconds):
-        return "-"
-    if seconds < 10:
-        return f"{seconds:.2g} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        minutes = seconds / 60
-        return f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min"
-    if seconds < 48 * 3600:
-        hours = seconds / 3600
-        return f"{hours:.2f} h" if hours < 10 else f"{hours:.1f} h"
-    return f"{seconds / 86400:.1f} d"
 
 
 def _money(x: float) -> str:

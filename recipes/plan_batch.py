@@ -66,7 +66,7 @@ from callbacks.analysis.batch_size import (
 )
 from callbacks.analysis.comm import gbps_to_bytes_per_s, ring_allreduce_time
 from callbacks.analysis.prices import MARKETS, get_instance, load_catalog, price_for, with_overrides
-from recipes.common import STEP_KEY, ArgumentParser, UsageError, positive_ints, tracking_uri
+from recipes.common import STEP_KEY, ArgumentParser, UsageError, human_duration, positive_ints, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -397,8 +397,6 @@ def print_validation(rows: list[ValidationRow], info: dict[str, Any]) -> bool:
 
 
 def _fmt_s(seconds: float) -> str:
-    from recipes.plan import human_duration
-
     return human_duration(seconds)
 
 
