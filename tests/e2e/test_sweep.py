@@ -57,7 +57,12 @@ def study_of(workdir: Path, name: str, storage: str | None = None) -> optuna.Stu
     from recipes.sweeps.study import open_storage
 
     url = storage or f"sqlite:///{workdir / 'runs' / 'digits' / name / 'study.db'}"
-    return optuna.load_study(study_name=name, storage=open_storage(url))
+    if url not in _STORAGES:  # opened once: a poll is then one read, not a new engine and a schema check
+        _STORAGES[url] = open_storage(url)
+    return optuna.load_study(study_name=name, storage=_STORAGES[url])
+
+
+_STORAGES: dict[str, optuna.storages.RDBStorage] = {}
 
 
 def trial_runs(workdir: Path, name: str) -> dict[int, list[mlflow.entities.Run]]:
