@@ -36,6 +36,7 @@ from typing import Any
 
 import fsspec
 import fsspec.callbacks
+from filelock import FileLock
 from fsspec.utils import get_protocol
 
 from . import ckpt_store
@@ -167,20 +168,6 @@ def _valid_record(data: Any) -> bool:
                 and isinstance(data["saved_at"], (int, float)) and isinstance(data.get("extra", {}), dict))
     except (KeyError, TypeError):
         return False
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Hold an advisory lock on ``lock_path``: the ranks of one machine download a checkpoint once, not racing."""
-    import fcntl
-
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 #: Downloads at least this large show a progress bar (smaller ones finish before it would help).
@@ -454,7 +441,9 @@ class RemoteCheckpoints:
         """
         self.last_fetch = None
         self.local_dir.mkdir(parents=True, exist_ok=True)
-        with _exclusive(self.local_dir / ".locks" / record["name"]):  # another rank may be fetching it now
+        lock = self.local_dir / ".locks" / record["name"]
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(lock):  # another rank of this machine may be fetching it now: download it once
             staged = self._staged(record)
             if staged is not None:
                 return staged

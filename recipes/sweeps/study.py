@@ -16,7 +16,6 @@ not atomic there), a PostgreSQL advisory lock (or MySQL's ``GET_LOCK``) otherwis
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from filelock import FileLock
 from optuna.exceptions import DuplicatedStudyError, UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
@@ -113,12 +113,8 @@ def _sqlite_file_lock(url: str) -> Iterator[None]:
     if path is None:
         yield
         return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with FileLock(path):
+        yield
 
 
 def _sqlite_lock_path(url: str) -> Path | None:
