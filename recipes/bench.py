@@ -44,7 +44,6 @@ import json
 import logging
 import math
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -55,6 +54,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
+import numpy as np
+import scipy.stats
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, Trainer
@@ -173,22 +174,39 @@ def async_over_sync(sync: dict[str, float], async_: dict[str, float]) -> dict[st
     return out
 
 
-def bootstrap_ci(rounds: int, statistic: Callable[[list[int]], float], level: float = 0.95,
+def bootstrap_ci(rounds: int, statistic: Callable[[np.ndarray], float], level: float = 0.95,
                  resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``statistic`` over interleaved rounds.
+    """Percentile bootstrap interval of ``statistic`` over interleaved rounds, by ``scipy.stats.bootstrap``.
 
-    ``statistic(picks)`` computes the figure from the rounds at indices ``picks`` (a resample of
-    ``range(rounds)`` with replacement; an index may repeat), so paired measurements of one round stay
-    together. Hand-written: scipy's ``bootstrap`` resamples one array, not round indices shared by several.
+    The one array scipy resamples is the round indices, ``np.arange(rounds)``: ``statistic(picks)`` gets an
+    integer array of ``rounds`` indices drawn with replacement (an index may repeat) and computes the figure
+    from those rounds of every series it reads, so the paired measurements of one round stay together (what
+    scipy's ``paired=True`` does inside). Percentile, not scipy's default BCa: BCa's jackknife gives NaN on
+    constant data, and on a statistic that is infinite in some resamples (the effective stall ratio, when a
+    resample's synchronous saves did not slow the loop down).
+
+    Args:
+        rounds: rounds measured (>= 1); a single round resamples only to itself: the interval is its figure.
+        statistic: the figure from the rounds at the indices it is given.
+        level: confidence level (0 < level < 1).
+        resamples: bootstrap resamples.
+        seed: seed of the resampling (``numpy.random.default_rng``), so a result can be reproduced exactly.
 
     Returns:
         ``(low, high)``.
+
+    Raises:
+        ValueError: if ``rounds < 1``.
     """
-    rng = random.Random(seed)
-    values = sorted(statistic([rng.randrange(rounds) for _ in range(rounds)]) for _ in range(resamples))
-    tail = (1 - level) / 2
-    return (values[min(resamples - 1, math.floor(tail * resamples))],
-            values[max(0, math.ceil((1 - tail) * resamples) - 1)])
+    if rounds < 1:
+        raise ValueError(f"bootstrap_ci: need at least one round (got {rounds}).")
+    if rounds == 1:  # scipy needs two observations; every resample of one round is that round
+        point = float(statistic(np.zeros(1, dtype=int)))
+        return point, point
+    with np.errstate(invalid="ignore"):  # scipy's standard error of a distribution holding inf (unused here)
+        result = scipy.stats.bootstrap((np.arange(rounds),), statistic, n_resamples=resamples, vectorized=False,
+                                       confidence_level=level, method="percentile", rng=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def effective_stall_ci(none_s: Sequence[float], sync_s: Sequence[float], async_s: Sequence[float],
@@ -214,12 +232,15 @@ def effective_stall_ci(none_s: Sequence[float], sync_s: Sequence[float], async_s
                          f"{len(async_s)}, {len(saves)}).")
     if min(saves) < 1:
         raise ValueError(f"effective_stall_ci: every round needs a save (got {list(saves)}).")
+    none, per_save = np.asarray(none_s, dtype=float), np.asarray(saves, dtype=float)
+    sync_stall = (np.asarray(sync_s, dtype=float) - none) / per_save
+    async_stall = (np.asarray(async_s, dtype=float) - none) / per_save
 
-    def ratio(picks: Sequence[int]) -> float:
-        sync = sum((sync_s[i] - none_s[i]) / saves[i] for i in picks)
-        return sum((async_s[i] - none_s[i]) / saves[i] for i in picks) / sync if sync > 0 else math.inf
+    def ratio(picks: np.ndarray) -> float:
+        sync = float(sync_stall[picks].sum())
+        return float(async_stall[picks].sum()) / sync if sync > 0 else math.inf
 
-    whole = ratio(range(n))
+    whole = ratio(np.arange(n))
     if not math.isfinite(whole):
         return math.nan, math.nan, math.nan
     low, high = bootstrap_ci(n, ratio, level, resamples, seed)
@@ -231,14 +252,14 @@ def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
     """Ratio of means of paired rounds and its percentile bootstrap confidence interval.
 
     Rounds are interleaved, so round ``i`` of both variants saw the same machine: the bootstrap
-    resamples round indices (with replacement) and keeps the pairs together.
+    resamples round indices (with replacement) and keeps the pairs together (:func:`bootstrap_ci`).
 
     Args:
         numerator: throughput of the variant on top of the ratio, one value per round.
         denominator: throughput of the reference variant, same rounds in the same order.
         level: confidence level (0 < level < 1).
         resamples: bootstrap resamples.
-        seed: seed of the resampling (``random.Random``), so a result can be reproduced exactly.
+        seed: seed of the resampling (``numpy.random.default_rng``), so a result can be reproduced exactly.
 
     Returns:
         ``(ratio, low, high)`` with ``ratio = mean(numerator) / mean(denominator)``.
@@ -252,8 +273,9 @@ def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float],
         raise ValueError(f"bootstrap_ratio_ci: level {level!r} must be in (0, 1), resamples {resamples!r} >= 1.")
     if min(*numerator, *denominator) <= 0:
         raise ValueError("bootstrap_ratio_ci: throughputs must be > 0.")
-    low, high = bootstrap_ci(len(numerator), lambda picks: sum(numerator[i] for i in picks) / sum(
-        denominator[i] for i in picks), level, resamples, seed)
+    top, bottom = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
+    low, high = bootstrap_ci(len(top), lambda picks: float(top[picks].sum() / bottom[picks].sum()),
+                             level, resamples, seed)
     return sum(numerator) / sum(denominator), low, high
 
 
