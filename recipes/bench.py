@@ -49,13 +49,11 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-import numpy as np
-import scipy.stats
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, Trainer
@@ -69,6 +67,16 @@ from typing_extensions import override
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
 from recipes import bench_compression, chaos
+from recipes.bench_runs import PIECES, Stopwatch, run_full_recipe, tensors_copy_floor
+from recipes.bench_stats import (
+    bootstrap_ratio_ci,
+    ci_settled,
+    effective_stall_ci,
+    verdict,
+    verdict_at_most,
+    verdict_with_floor,
+    window_throughput,
+)
 from recipes.common import ArgumentParser, HelpFormatter, UsageError
 from recipes.shutdown import destroy_process_group, run_and_exit
 
@@ -90,29 +98,6 @@ VARIANTS = {"a": "(a) plain PyTorch loop", "b": "(b) plain Lightning", "b+timing
 
 
 # --------------------------------------------------------------------------- pure maths
-def window_throughput(step_ends: Sequence[float], samples_per_step: int, warmup: int) -> float:
-    """Samples/s from the end of step ``warmup`` to the end of the last step.
-
-    Args:
-        step_ends: clock reading at the end of every step, in order.
-        samples_per_step: samples in one step.
-        warmup: steps before the window (>= 1; their end opens it).
-
-    Returns:
-        ``(len(step_ends) - warmup) * samples_per_step / (step_ends[-1] - step_ends[warmup - 1])``.
-
-    Raises:
-        ValueError: if ``warmup < 1``, no step follows the warm-up, or the clock did not advance.
-    """
-    if warmup < 1 or len(step_ends) <= warmup:
-        raise ValueError(f"window_throughput: need warmup >= 1 and more than {warmup} steps "
-                         f"(got warmup={warmup}, {len(step_ends)} steps).")
-    elapsed = step_ends[-1] - step_ends[warmup - 1]
-    if elapsed <= 0:
-        raise ValueError(f"window_throughput: the clock did not advance ({elapsed!r} s).")
-    return (len(step_ends) - warmup) * samples_per_step / elapsed
-
-
 def overhead_ratios(plain_torch: float | None, plain_lightning: float, full_recipe: float) -> dict[str, Any]:
     """Throughput ratios c/a and c/b and whether they reach the goals (>= 0.95, >= 0.98; no interval).
 
@@ -172,151 +157,6 @@ def async_over_sync(sync: dict[str, float], async_: dict[str, float]) -> dict[st
         out[key.replace("_s", "_ratio")] = ratio
     out["ok"] = out["effective_ratio"] <= GOAL_ASYNC_OVER_SYNC
     return out
-
-
-def bootstrap_ci(rounds: int, statistic: Callable[[np.ndarray], float], level: float = 0.95,
-                 resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``statistic`` over interleaved rounds, by ``scipy.stats.bootstrap``.
-
-    The one array scipy resamples is the round indices, ``np.arange(rounds)``: ``statistic(picks)`` gets an
-    integer array of ``rounds`` indices drawn with replacement (an index may repeat) and computes the figure
-    from those rounds of every series it reads, so the paired measurements of one round stay together (what
-    scipy's ``paired=True`` does inside). Percentile, not scipy's default BCa: BCa's jackknife gives NaN on
-    constant data, and on a statistic that is infinite in some resamples (the effective stall ratio, when a
-    resample's synchronous saves did not slow the loop down).
-
-    Args:
-        rounds: rounds measured (>= 1); a single round resamples only to itself: the interval is its figure.
-        statistic: the figure from the rounds at the indices it is given.
-        level: confidence level (0 < level < 1).
-        resamples: bootstrap resamples.
-        seed: seed of the resampling (``numpy.random.default_rng``), so a result can be reproduced exactly.
-
-    Returns:
-        ``(low, high)``.
-
-    Raises:
-        ValueError: if ``rounds < 1``.
-    """
-    if rounds < 1:
-        raise ValueError(f"bootstrap_ci: need at least one round (got {rounds}).")
-    if rounds == 1:  # scipy needs two observations; every resample of one round is that round
-        point = float(statistic(np.zeros(1, dtype=int)))
-        return point, point
-    with np.errstate(invalid="ignore"):  # scipy's standard error of a distribution holding inf (unused here)
-        result = scipy.stats.bootstrap((np.arange(rounds),), statistic, n_resamples=resamples, vectorized=False,
-                                       confidence_level=level, method="percentile", rng=np.random.default_rng(seed))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
-
-
-def effective_stall_ci(none_s: Sequence[float], sync_s: Sequence[float], async_s: Sequence[float],
-                       saves: Sequence[int], level: float = 0.95, resamples: int = 2000,
-                       seed: int = 0) -> tuple[float, float, float]:
-    """The async effective stall as a fraction of the sync one, and its bootstrap interval over rounds.
-
-    Round ``i`` timed the same steps without saves (``none_s[i]``), with synchronous and with
-    asynchronous saves, ``saves[i]`` of them; a writer's effective stall per save in that round is
-    ``(its loop - none_s[i]) / saves[i]``. The ratio is of the sums over rounds; an async round may come
-    out faster than the one without saves (noise), which the interval keeps.
-
-    Returns:
-        ``(ratio, low, high)``; all NaN when the synchronous saves did not slow the loop down at all
-        (a state too small to measure): nothing to compare.
-
-    Raises:
-        ValueError: on unequal or empty rounds, or a round without saves.
-    """
-    n = len(none_s)
-    if not n or not len(sync_s) == len(async_s) == len(saves) == n:
-        raise ValueError(f"effective_stall_ci: need equal, non-empty rounds (got {n}, {len(sync_s)}, "
-                         f"{len(async_s)}, {len(saves)}).")
-    if min(saves) < 1:
-        raise ValueError(f"effective_stall_ci: every round needs a save (got {list(saves)}).")
-    none, per_save = np.asarray(none_s, dtype=float), np.asarray(saves, dtype=float)
-    sync_stall = (np.asarray(sync_s, dtype=float) - none) / per_save
-    async_stall = (np.asarray(async_s, dtype=float) - none) / per_save
-
-    def ratio(picks: np.ndarray) -> float:
-        sync = float(sync_stall[picks].sum())
-        return float(async_stall[picks].sum()) / sync if sync > 0 else math.inf
-
-    whole = ratio(np.arange(n))
-    if not math.isfinite(whole):
-        return math.nan, math.nan, math.nan
-    low, high = bootstrap_ci(n, ratio, level, resamples, seed)
-    return whole, low, high
-
-
-def bootstrap_ratio_ci(numerator: Sequence[float], denominator: Sequence[float], level: float = 0.95,
-                       resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Ratio of means of paired rounds and its percentile bootstrap confidence interval.
-
-    Rounds are interleaved, so round ``i`` of both variants saw the same machine: the bootstrap
-    resamples round indices (with replacement) and keeps the pairs together (:func:`bootstrap_ci`).
-
-    Args:
-        numerator: throughput of the variant on top of the ratio, one value per round.
-        denominator: throughput of the reference variant, same rounds in the same order.
-        level: confidence level (0 < level < 1).
-        resamples: bootstrap resamples.
-        seed: seed of the resampling (``numpy.random.default_rng``), so a result can be reproduced exactly.
-
-    Returns:
-        ``(ratio, low, high)`` with ``ratio = mean(numerator) / mean(denominator)``.
-
-    Raises:
-        ValueError: on unpaired or empty input, a throughput <= 0, or a level outside (0, 1).
-    """
-    if len(numerator) != len(denominator) or not numerator:
-        raise ValueError(f"bootstrap_ratio_ci: need paired rounds (got {len(numerator)} and {len(denominator)}).")
-    if not 0 < level < 1 or resamples < 1:
-        raise ValueError(f"bootstrap_ratio_ci: level {level!r} must be in (0, 1), resamples {resamples!r} >= 1.")
-    if min(*numerator, *denominator) <= 0:
-        raise ValueError("bootstrap_ratio_ci: throughputs must be > 0.")
-    top, bottom = np.asarray(numerator, dtype=float), np.asarray(denominator, dtype=float)
-    low, high = bootstrap_ci(len(top), lambda picks: float(top[picks].sum() / bottom[picks].sum()),
-                             level, resamples, seed)
-    return sum(numerator) / sum(denominator), low, high
-
-
-def verdict(low: float, high: float, goal: float, margin: float) -> str:
-    """``met`` (the interval is at or above ``goal``), ``missed`` (below), else ``inconclusive``.
-
-    Meeting the goal needs an interval narrower than ``margin`` too (a wide one cannot tell the goal from
-    its margin); an interval wholly below the goal is missed however wide it is.
-    """
-    if high < goal:
-        return "missed"
-    if high - low >= margin:
-        return "inconclusive"
-    if low >= goal:
-        return "met"
-    return "inconclusive"
-
-
-def verdict_with_floor(ratio: float, low: float, high: float, goal: float, floor: float) -> str:
-    """For a ratio that must reach ``goal`` with its whole interval above ``floor``: ``met`` when both hold,
-    ``missed`` when the whole interval lies below ``goal``, else ``inconclusive``."""
-    if high < goal:
-        return "missed"
-    if ratio >= goal and low >= floor:
-        return "met"
-    return "inconclusive"
-
-
-def verdict_at_most(low: float, high: float, goal: float) -> str:
-    """For a figure that must stay at or below ``goal``: ``met`` when the whole interval does, ``missed``
-    when it lies wholly above, else ``inconclusive`` (NaN bounds, from nothing to compare, are inconclusive)."""
-    if high <= goal:
-        return "met"
-    if low > goal:
-        return "missed"
-    return "inconclusive"
-
-
-def ci_settled(low: float, high: float, margin: float) -> bool:
-    """Whether a ratio's confidence interval is narrower than the goal's margin (more rounds will not change it)."""
-    return high - low < margin
 
 
 # ------------------------------------------------------------------ model and data
@@ -410,20 +250,6 @@ class BenchData(pl.LightningDataModule):
         return self.val_set.tensors[0][:2]
 
 
-class Stopwatch(Callback):
-    """``time.perf_counter()`` at the end of every training batch."""
-
-    def __init__(self) -> None:
-        self.ends: list[float] = []
-        #: Seconds ``trainer.fit`` took, when :func:`run_full_recipe` timed it.
-        self.fit_s: float | None = None
-
-    @override
-    def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        self.ends.append(time.perf_counter())
-
-
 class FirstSave(Callback):
     """One save after the first step, written before the second: what a long run pays once, not at every save.
 
@@ -479,95 +305,15 @@ def run_plain_lightning(args: argparse.Namespace, root: Path, timing: bool = Fal
     return watch.ends
 
 
-#: The default pieces of the full recipe that ``overhead --ablate`` turns off one at a time.
-PIECES = {
-    "mlflow": "MLflow logging (logger, params, metrics; system metrics go with it)",
-    "system_metrics": "MLflow system metrics thread",
-    "progress_bar": "rich progress bar",
-    "spot": "spot callback (SpotCheckpoint)",
-    "cost": "cost tracker (CostTracker)",
-    "checkpointing": "best checkpoint (ModelCheckpoint)",
-    "baselines": "baselines (scikit-learn, at fit start)",
-    "manifest": "manifest (at fit start)",
-    "log_model": "model logging (at fit end)",
-    "timing": "StepTiming",
-    "timing_plot": "StepTiming's time_breakdown.png (at train end)",
-}
-
-
-def _piece_classes() -> dict[str, tuple[type, ...]]:
-    from callbacks.baselines import Baselines
-    from callbacks.cost import CostTracker
-    from callbacks.manifest import Manifest
-    from callbacks.spot import SpotCheckpoint
-
-    return {"spot": (SpotCheckpoint,), "cost": (CostTracker,), "checkpointing": (ModelCheckpoint,),
-            "baselines": (Baselines,), "manifest": (Manifest,), "timing": (StepTiming,)}
-
-
-def run_full_recipe(args: argparse.Namespace, root: Path, index: int,
-                    without: frozenset[str] = frozenset(), recipe: Sequence[str] | None = None,
-                    watch: Stopwatch | None = None) -> tuple[list[float], float]:
-    """The full recipe (less the pieces named in ``without``, see :data:`PIECES`): (step ends, fit seconds).
-
-    ``recipe``: the CLI arguments of the model, data and trainer (default: the benchmark's MLP on
-    ``args``' sizes, on one CPU); ``watch``: the stopwatch to append (default a :class:`Stopwatch`).
-    """
-    from unittest import mock
-
-    from recipes.cli import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME, AtscaleCLI
-
-    for key in (ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME):
-        os.environ.pop(key, None)  # set by a previous in-process run
-    if recipe is None:
-        recipe = [
-            "--model", "recipes.bench.BenchModule", "--model.features", str(args.features),
+def mlp_recipe(args: argparse.Namespace) -> list[str]:
+    """The full recipe's CLI arguments for the benchmark's MLP and random data on ``args``' sizes, on one CPU."""
+    return ["--model", "recipes.bench.BenchModule", "--model.features", str(args.features),
             "--model.hidden", str(args.hidden), "--model.layers", str(args.layers),
             "--data", "recipes.bench.BenchData", "--data.steps", str(args.steps),
             "--data.batch_size", str(args.batch_size), "--data.features", str(args.features),
             "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.max_epochs", "1",
             "--trainer.max_steps", str(args.steps), "--trainer.limit_val_batches", "1",
             "--experiment", "bench-overhead"]
-    extra: list[str] = []
-    if "mlflow" in without:
-        extra += ["--trainer.logger", "false"]
-    if "progress_bar" in without:
-        extra += ["--trainer.enable_progress_bar", "false"]
-    if "log_model" in without:
-        extra += ["--log_model", "false"]
-    tag = "-".join(sorted(without)) or "full"
-    cli = AtscaleCLI(args=[
-        *recipe, "--run_name", f"{tag}-{time.strftime('%H%M%S')}-{index}",
-        "--runs_root", str(root / "runs"), "--trainer.default_root_dir", str(root / "default_root"), *extra])
-    removed = tuple(cls for piece in without for cls in _piece_classes().get(piece, ()))
-    if removed:
-        cli.trainer.callbacks = [cb for cb in cli.trainer.callbacks if not isinstance(cb, removed)]
-    watch = watch or Stopwatch()
-    original_fit = cli.trainer.fit
-
-    def timed_fit(*fit_args: Any, **fit_kwargs: Any) -> Any:  # trainer.fit alone, inside the CLI's fit flow
-        started = time.perf_counter()
-        try:
-            return original_fit(*fit_args, **fit_kwargs)
-        finally:
-            watch.fit_s = time.perf_counter() - started
-
-    cli.trainer.fit = timed_fit  # type: ignore[method-assign]
-    if "timing" not in without and not any(isinstance(cb, StepTiming) for cb in cli.trainer.callbacks):
-        cli.trainer.callbacks.append(StepTiming())
-    for callback in cli.trainer.callbacks:
-        if isinstance(callback, StepTiming) and "timing_plot" in without:
-            callback.plot = False
-    cli.trainer.callbacks.append(watch)
-    patch = mock.patch.object(AtscaleCLI, "_start_system_metrics", staticmethod(lambda run_id, resume: None)) \
-        if "system_metrics" in without else contextlib.nullcontext()
-    with open(root / f"{tag}-{index}.log", "w") as log_file, contextlib.redirect_stdout(log_file), patch:
-        started = time.perf_counter()
-        code = cli.fit()  # its progress bar and end table go to a file, as in a batch job
-        fit_s = time.perf_counter() - started
-    if code != 0:
-        raise RuntimeError(f"full recipe run ({tag}) exited with {code}")
-    return watch.ends, fit_s
 
 
 def step_timing_cost_us(root: Path, steps: int = 300, rounds: int = 3) -> float:
@@ -607,7 +353,7 @@ def bench_overhead(args: argparse.Namespace, console: Console) -> dict[str, Any]
         for index in range(max_rounds):
             runs = {"a": lambda: (run_plain_torch(args), 0.0), "b": lambda: (run_plain_lightning(args, root), 0.0),
                     "b+timing": lambda: (run_plain_lightning(args, root, timing=True), 0.0),
-                    "c": lambda i=index: run_full_recipe(args, root, i)}
+                    "c": lambda i=index: run_full_recipe(mlp_recipe(args), root, i)}
             for key in keys if index % 2 == 0 else keys[::-1]:  # no variant always follows another
                 ends, seconds = runs[key]()
                 if len(ends) != args.steps:
@@ -658,7 +404,7 @@ def bench_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]
             order = variants if index % 2 == 0 else variants[::-1]  # no piece always runs first or last
             for variant in order:
                 without = frozenset() if variant == "full" else frozenset({variant})
-                ends, seconds = run_full_recipe(args, root, index, without)
+                ends, seconds = run_full_recipe(mlp_recipe(args), root, index, without)
                 throughput[variant].append(window_throughput(ends, samples, args.warmup))
                 fit_s[variant].append(seconds)
                 console.print(f"round {index + 1}/{args.rounds} (without {variant}): "
@@ -769,42 +515,6 @@ def copy_floor_s(args: argparse.Namespace, repeats: int = 5) -> dict[str, float]
     """The memory-copy floor of the benchmark's state (see :func:`tensors_copy_floor`)."""
     state = [p.detach() for p in BenchModule(args.features, args.hidden, args.layers, optimizer="sgd").parameters()]
     return tensors_copy_floor(state, repeats)
-
-
-def tensors_copy_floor(state: Sequence[torch.Tensor], repeats: int = 5) -> dict[str, float]:
-    """The memory-copy floor of a consistent snapshot of ``state``, as a checkpoint's staging makes it.
-
-    ``copy_s``: median of ``repeats`` ``copy_``-es into buffers allocated beforehand: host memory for
-    host tensors; for CUDA tensors pinned host memory (``torch.empty(..., pin_memory=True)``), copied
-    with ``non_blocking`` and timed up to ``torch.cuda.synchronize()``: the device-to-host floor.
-    ``clone_s``: the same snapshot into fresh memory (``clone()``; ``.cpu()`` for CUDA tensors).
-
-    Returns:
-        ``{"copy_s", "clone_s", "bytes", "pinned"}`` (``pinned``: 1.0 when the buffers were pinned).
-    """
-    cuda = any(t.is_cuda for t in state)
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if t.is_cuda else torch.empty_like(t)
-               for t in state]
-    copies, clones = [], []
-    for _ in range(repeats):
-        sync()
-        started = time.perf_counter()
-        for buffer, tensor in zip(buffers, state, strict=True):
-            buffer.copy_(tensor, non_blocking=tensor.is_cuda)
-        sync()
-        copies.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        cloned = [t.cpu() if t.is_cuda else t.clone() for t in state]
-        sync()
-        clones.append(time.perf_counter() - started)
-        del cloned
-    return {"copy_s": statistics.median(copies), "clone_s": statistics.median(clones),
-            "bytes": float(sum(t.numel() * t.element_size() for t in state)), "pinned": float(cuda)}
 
 
 def bench_checkpoint(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -949,8 +659,8 @@ def recipe_digits_fit(epochs: int, root: Path, index: int,
                       without: frozenset[str] = frozenset()) -> dict[str, float]:
     """The default digits recipe (less ``without``): ``trainer.fit`` seconds and the CLI's whole fit flow's."""
     watch = Stopwatch()
-    _, flow_s = run_full_recipe(argparse.Namespace(), root, index, without, watch=watch, recipe=[
-        "--config", str(DIGITS_CONFIG), "--experiment", "bench-fit", "--trainer.max_epochs", str(epochs)])
+    recipe = ["--config", str(DIGITS_CONFIG), "--experiment", "bench-fit", "--trainer.max_epochs", str(epochs)]
+    _, flow_s = run_full_recipe(recipe, root, index, without, watch=watch)
     assert watch.fit_s is not None
     return {"fit_s": watch.fit_s, "flow_s": flow_s}
 

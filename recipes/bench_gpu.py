@@ -7,7 +7,7 @@ On one CUDA GPU (about 8 minutes on an H100/H200-class device) it measures, for 
   callback, MLflow), MFU against the GPU's dense bf16 peak (:func:`callbacks.throughput.peak_flops`);
 - **recipe overhead**: the full recipe's tokens/s over plain Lightning's (same model, data, precision,
   compile, clipping; no logger, checkpointing or progress bar), rounds interleaved, with the bootstrap 95 %
-  CI of :func:`recipes.bench.bootstrap_ratio_ci` and its verdict against the goal (>= 0.99);
+  CI of :func:`recipes.bench_stats.bootstrap_ratio_ci` and its verdict against the goal (>= 0.99);
 - **StepTiming's CUDA-event clock against the wall clock**: plain Lightning + StepTiming; the sum of the
   step times it resolves from CUDA events over the window, over the window's wall time (the device
   synchronized at both ends);
@@ -15,7 +15,7 @@ On one CUDA GPU (about 8 minutes on an H100/H200-class device) it measures, for 
   :class:`callbacks.checkpoint_io.BoundedAsyncCheckpointIO` per save (the first save, which allocates the
   pinned staging buffer, apart), a synchronous :class:`~callbacks.checkpoint_io.AtomicCheckpointIO` save,
   and the floor they are compared with: a device-to-host ``copy_`` of the same tensors into pinned
-  buffers allocated beforehand (:func:`recipes.bench.tensors_copy_floor`). Goal: async <= 1.5x the floor.
+  buffers allocated beforehand (:func:`recipes.bench_runs.tensors_copy_floor`). Goal: async <= 1.5x the floor.
 
 Throughput is measured as in ``bench overhead``: from the end of the warm-up steps (which hold the
 compilation) to the end of the last step, the device synchronized at those two points only. The model is
@@ -53,14 +53,8 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.throughput import peak_flops
 from callbacks.timing import PARTS, StepTiming
-from recipes.bench import (
-    Stopwatch,
-    bootstrap_ratio_ci,
-    run_full_recipe,
-    tensors_copy_floor,
-    verdict,
-    window_throughput,
-)
+from recipes.bench_runs import Stopwatch, run_full_recipe, tensors_copy_floor
+from recipes.bench_stats import bootstrap_ratio_ci, verdict, window_throughput
 from recipes.cli import quiet_known_noise
 from recipes.common import UsageError
 
@@ -200,7 +194,7 @@ def run_recipe(cfg: dict[str, Any], settings: dict[str, Any], root: Path, index:
                    "--data.init_args.batch_size", str(cfg["data"]["batch_size"])]
     watch = DeviceStopwatch({warmup, steps})
     quiet_known_noise()
-    ends, fit_s = run_full_recipe(argparse.Namespace(), root, index, recipe=recipe, watch=watch)
+    ends, fit_s = run_full_recipe(recipe, root, index, watch=watch)
     return {"ends": ends, "fit_s": fit_s}
 
 
