@@ -103,6 +103,7 @@ time is kept).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import logging
@@ -121,11 +122,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -133,7 +134,12 @@ from rich.table import Table
 
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE, SpotCheckpoint
 from callbacks.storage import ckpt_store
+from recipes import compat
 from recipes.common import USAGE_EXIT_CODE
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double_launch", "bucket_outage")
@@ -149,6 +155,7 @@ _RESUME = re.compile(r"Resuming from (\S+) \(step (\d+)")
 _COMPLETE = re.compile(r"is already complete \(finished at step (\d+)")
 _STORE_ERROR = re.compile(r"sqlalchemy|alembic|no such table|database is locked|schema", re.IGNORECASE)
 _POLL_S = 0.02
+_T = TypeVar("_T")
 CORRUPTED = {"truncate": "truncated", "flip": "byte-flipped"}
 
 
@@ -298,13 +305,87 @@ def parse_complete(output: str) -> tuple[str, int] | None:
 
 # --------------------------------------------------------------------------- observation
 class Store:
-    """Read-only SQL on the MLflow sqlite store: no MLflow client, which would create or migrate it."""
+    """Read-only observation of the MLflow sqlite store through ``mlflow.MlflowClient``; never creates or migrates it.
+
+    A client on ``sqlite:///<db>`` creates a missing store and migrates one below MLflow's schema head (a
+    store a launch was killed in the middle of making), which would be the soak repairing what it tests.
+    So :meth:`client` builds one only once the store exists at the head revision (:meth:`schema`); until
+    then a read returns nothing for that poll. (At the head the client's one write is MLflow's default
+    experiment, where a launch was killed before adding it: what the next launch adds too.) A read the
+    client fails (the store locked) is retried, then returns nothing; its errors are noted in ``errors``.
+    The client's engine is built once per store and must not pool connections: a pooled sqlite connection
+    keeps reading a store that was deleted and replaced, so :func:`soak` runs in :func:`observer_pool`.
+    """
 
     def __init__(self, db: Path) -> None:
         self.db = db
+        self.uri = f"sqlite:///{db}"
         self.errors: list[str] = []
 
-    def query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
+    def client(self) -> MlflowClient | None:
+        """A client on the store, or None while it is missing or not at MLflow's schema head."""
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        if self.schema()["version"] != compat.mlflow_schema_head():
+            return None
+        try:
+            return MlflowClient(self.uri)
+        except MlflowException as err:
+            self.errors.append(str(err))
+            return None
+
+    def _read(self, read: Callable[[MlflowClient], list[_T]]) -> list[_T]:
+        """``read(client)``; [] while the store cannot be read (see the class), after retries when it is locked."""
+        from mlflow.exceptions import MlflowException
+
+        for _ in range(10):
+            client = self.client()
+            if client is None:
+                return []
+            try:
+                return read(client)
+            except MlflowException as err:
+                self.errors.append(str(err))
+                time.sleep(0.2)
+        return []
+
+    def runs(self, name: str | None = None) -> list[dict[str, str]]:
+        """Active runs of the experiment (named ``name``), oldest first: ``run_id``, ``name``, ``status``."""
+        from mlflow.entities import ViewType
+
+        def read(client: MlflowClient) -> list[dict[str, str]]:
+            experiment = client.get_experiment_by_name(EXPERIMENT)
+            if experiment is None:
+                return []
+            where = f"attributes.run_name = '{name}'" if name is not None else ""
+            return [{"run_id": r.info.run_id, "name": r.info.run_name, "status": r.info.status}
+                    for r in _search_runs(client, [experiment.experiment_id], where, ViewType.ACTIVE_ONLY)]
+        return self._read(read)
+
+    def train_steps(self, name: str, since_s: float) -> list[tuple[int, int]]:
+        """(step, timestamp ms) of every train/loss of runs named ``name`` logged at or after ``since_s``."""
+        from mlflow.entities import ViewType
+
+        def read(client: MlflowClient) -> list[tuple[int, int]]:
+            ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+            runs = _search_runs(client, ids, f"attributes.run_name = '{name}'", ViewType.ALL)
+            points = [(int(m.step), int(m.timestamp)) for r in runs
+                      for m in client.get_metric_history(r.info.run_id, "train/loss")]
+            return sorted((p for p in points if p[1] >= int(since_s * 1000)), key=lambda p: p[1])
+        return self._read(read)
+
+    def schema(self) -> dict[str, Any]:
+        """Whether the store exists, its alembic revision (None: none yet) and its tables, read-only.
+
+        Raw SQL on sqlite's catalog and alembic's version table: MLflow has no public API that reports a
+        store's revision or tables (its client checks them, and migrates a store below the head).
+        """
+        tables = sorted(r[0] for r in self._sql("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        version = self._sql("SELECT version_num FROM alembic_version") if "alembic_version" in tables else []
+        return {"exists": self.db.exists(), "version": version[0][0] if version else None, "tables": tables}
+
+    def _sql(self, sql: str) -> list[tuple]:
         """Rows of ``sql``; [] when the store or the table does not exist or it stays unreadable (noted)."""
         if not self.db.exists():
             return []
@@ -313,7 +394,7 @@ class Store:
             try:
                 conn = sqlite3.connect(f"file:{self.db}?mode={mode}", uri=True, timeout=30)
                 try:
-                    return list(conn.execute(sql, args))
+                    return list(conn.execute(sql))
                 finally:
                     conn.close()
             except sqlite3.Error as err:
@@ -326,27 +407,37 @@ class Store:
                 time.sleep(0.2)
         return []
 
-    def runs(self, name: str | None = None) -> list[dict[str, str]]:
-        sql = ("SELECT r.run_uuid, r.name, r.status FROM runs r JOIN experiments e ON r.experiment_id = "
-               "e.experiment_id WHERE e.name = ? AND r.lifecycle_stage = 'active'")
-        args: list[Any] = [EXPERIMENT]
-        if name is not None:
-            sql += " AND r.name = ?"
-            args.append(name)
-        rows = self.query(sql + " ORDER BY r.start_time", args)
-        return [{"run_id": r[0], "name": r[1], "status": r[2]} for r in rows]
 
-    def train_steps(self, name: str, since_s: float) -> list[tuple[int, int]]:
-        """(step, timestamp ms) of every train/loss of runs named ``name`` logged at or after ``since_s``."""
-        return [(int(s), int(t)) for s, t in self.query(
-            "SELECT m.step, m.timestamp FROM metrics m JOIN runs r ON m.run_uuid = r.run_uuid "
-            "WHERE r.name = ? AND m.key = 'train/loss' AND m.timestamp >= ? ORDER BY m.timestamp",
-            [name, int(since_s * 1000)])]
+def _search_runs(client: MlflowClient, experiment_ids: list[str], where: str, view: int) -> list[Run]:
+    """Every run ``client.search_runs`` finds, page after page, oldest first."""
+    runs: list[Run] = []
+    token = None
+    while True:
+        page = client.search_runs(experiment_ids, where, view, order_by=["attributes.start_time ASC"],
+                                  page_token=token)
+        runs += page
+        token = page.token
+        if not token:
+            return runs
 
-    def schema(self) -> dict[str, Any]:
-        tables = sorted(r[0] for r in self.query("SELECT name FROM sqlite_master WHERE type = 'table'"))
-        version = self.query("SELECT version_num FROM alembic_version") if "alembic_version" in tables else []
-        return {"exists": self.db.exists(), "version": version[0][0] if version else None, "tables": tables}
+
+@contextlib.contextmanager
+def observer_pool() -> Iterator[None]:
+    """MLflow's engines made meanwhile in this process open a connection per session (``NullPool``; see
+    :class:`Store`). Entered before the soak's threads start and left after they end: it sets the process's
+    environment (``MLFLOW_SQLALCHEMYSTORE_POOLCLASS``, which the launches do not inherit: :meth:`Soak.env`)."""
+    from mlflow.environment_variables import MLFLOW_SQLALCHEMYSTORE_POOLCLASS
+
+    key = MLFLOW_SQLALCHEMYSTORE_POOLCLASS.name
+    before = os.environ.get(key)
+    os.environ[key] = "NullPool"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 def good_checkpoints(directory: Path) -> dict[str, int]:
@@ -1441,7 +1532,8 @@ def soak(args: argparse.Namespace, console: Console, progress: Progress | None =
     try:
         for chain in chains:
             chain.open_bucket()
-        return _drive(args, chains, plan, started, progress)
+        with observer_pool():
+            return _drive(args, chains, plan, started, progress)
     finally:
         for chain in chains:
             if chain.bucket is not None:

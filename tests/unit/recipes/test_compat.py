@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 from recipes import compat
 
@@ -23,3 +24,17 @@ def test_the_private_methods_the_recipes_override_keep_their_signatures() -> Non
         "recipes/cli.py overrides LightningCLI._instantiate_trainer(config, callbacks): its signature changed"
     assert list(inspect.signature(ThroughputMonitor._compute).parameters) == ["self", "trainer", "iter_num"], \
         "callbacks/throughput.py overrides ThroughputMonitor._compute(trainer, iter_num): its signature changed"
+
+
+def test_mlflow_schema_head_is_the_revision_a_client_leaves_a_new_store_at(tmp_path: Path) -> None:
+    import mlflow
+
+    from recipes.chaos import Store
+
+    store = Store(tmp_path / "mlflow.db")
+    assert store.client() is None and not store.db.exists(), "the observer must not create the store"
+    mlflow.MlflowClient(store.uri).search_experiments()  # creates and migrates it, as a launch does
+    head = compat.mlflow_schema_head()
+    assert isinstance(head, str) and store.schema()["version"] == head, \
+        "compat.mlflow_schema_head: mlflow.store.db.utils._get_latest_schema_revision moved or changed"
+    assert store.client() is not None
