@@ -66,7 +66,7 @@ from typing_extensions import override
 
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
-from recipes import bench_compression, chaos
+from recipes import bench_compression
 from recipes.bench_runs import PIECES, Stopwatch, run_full_recipe, tensors_copy_floor
 from recipes.bench_stats import (
     bootstrap_ratio_ci,
@@ -79,6 +79,7 @@ from recipes.bench_stats import (
 )
 from recipes.common import ArgumentParser, HelpFormatter, UsageError
 from recipes.shutdown import destroy_process_group, run_and_exit
+from recipes.soak import cli as chaos
 
 PROG = "python -m recipes.bench"
 #: Goals: full recipe vs plain Lightning, full recipe vs plain PyTorch, async vs sync checkpoint stall
@@ -889,7 +890,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="width of the hidden layers: 2 x Linear(4096, 4096) is 134 MB of fp32 state")
     ckpt.add_argument("--layers", type=int, default=2, help="hidden layers of the MLP (the checkpointed state)")
     chaos.add_arguments(sub.add_parser("chaos", help="seeded random faults on one digits run, relaunched after "
-                                                     "each, then checked (see recipes/chaos.py)"))
+                                                     "each, then checked (see recipes/soak/)"))
     cont = sub.add_parser("contention", help="the digits recipe's step quiet and beside a busy process, per "
                                              "CPU thread setting", formatter_class=HelpFormatter,
                           description="Step time of the default digits recipe's model and data, quiet and beside one "

@@ -10,7 +10,7 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
 - :func:`system_metrics_monitor`: MLflow's system-metrics sampler, whose class lives in a module MLflow does
   not export; started by hand to continue a resumed run's samples from their last step.
 - :func:`mlflow_schema_head`: the alembic revision MLflow's SQL store is at when complete; the chaos soak's
-  observer (``recipes/chaos.py``'s ``Store``) opens an ``MlflowClient`` only on a store at it, since a client
+  observer (``recipes/soak/observe.py``'s ``Store``) opens an ``MlflowClient`` only on a store at it, since a client
   migrates one below it.
 - Method overrides (not functions, so they stay in their classes; their signatures are tested here):
   ``LightningCLI._instantiate_trainer`` in ``recipes/cli.py`` (the one hook that receives the trainer's

@@ -15,7 +15,9 @@ import pytest
 
 from callbacks.spot import REQUEUE_EXIT_CODE
 from recipes import bench
-from recipes.chaos import INVARIANTS, KINDS, corrupt, hung_where, parse_resume, plan_faults, pruned_by_policy
+from recipes.soak.faults import INVARIANTS, KINDS, corrupt, plan_faults
+from recipes.soak.launch import hung_where, parse_resume
+from recipes.soak.observe import pruned_by_policy
 
 #: Seed 24 plans sigterm and sigkill in training, then a truncated checkpoint (no --ckpt_path launch).
 SEED = 24

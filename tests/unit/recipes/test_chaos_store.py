@@ -1,4 +1,5 @@
-"""recipes.chaos.Store: the soak's read-only view of the MLflow store, through MlflowClient, on real sqlite stores."""
+"""recipes.soak.observe.Store: the soak's read-only view of the MLflow store, through MlflowClient, on real sqlite
+stores."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from recipes.chaos import EXPERIMENT, Store, observer_pool
+from recipes.soak.observe import EXPERIMENT, Store, observer_pool
 
 
 @pytest.fixture(scope="module")

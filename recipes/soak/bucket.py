@@ -1,0 +1,227 @@
+"""The ``--store s3`` bucket: moto's S3 server on loopback behind a TCP proxy the soak can take down.
+
+The launches reach the bucket only through the proxy, so that a ``bucket_outage`` fault fails their requests
+(connections reset, or ``503``) while moto keeps its objects; the soak reads the bucket straight from moto to
+check what the launches left there (the pointer, the records, the objects' sizes and SHA-256).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from callbacks.storage import ckpt_store
+
+
+class Bucket:
+    """A local object store for ``--store s3``: moto's S3 server on loopback, reached through a proxy that can fail.
+
+    moto keeps its objects in memory, so stopping it would lose the bucket; instead every launch talks to
+    a small TCP proxy in this process (``endpoint``), and an *outage* makes the proxy fail every request,
+    new and in flight: ``reset`` cuts connections (the network is gone: botocore's EndpointConnectionError),
+    ``503`` answers ``503 ServiceUnavailable`` (the service errs). The soak itself reads the bucket straight
+    from moto (``direct``), so it can check the pointer while the launches see an outage.
+    """
+
+    NAME = "atscale-chaos"
+    MODES = ("reset", "503")
+    _ERROR = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>ServiceUnavailable</Code>"
+              b"<Message>chaos soak: bucket outage</Message></Error>")
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.server: subprocess.Popen | None = None
+        self.direct = ""
+        self.endpoint = ""
+        self.mode = "up"
+        self.outages: list[list[Any]] = []  # [mode, seconds] of every outage so far
+        self._listener: socket.socket | None = None
+        self._fs: Any = None
+
+    def env(self) -> dict[str, str]:
+        """What a launch needs to reach the bucket (through the proxy) with the standard AWS variables only."""
+        return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": self.endpoint}
+
+    def url(self, *parts: str) -> str:
+        return "/".join([f"s3://{self.NAME}", *parts])
+
+    def start(self) -> None:
+        """Start moto on a free port, create the bucket, open the proxy."""
+        import urllib.request
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
+        with open(self.log, "ab") as out:
+            self.server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                           env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+        self.direct = f"http://127.0.0.1:{port}"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with opener.open(f"{self.direct}/moto-api/", timeout=2):
+                    break
+            except OSError:
+                if self.server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's S3 server did not start; see {self.log}") from None
+                time.sleep(0.2)
+        self.fs().call_s3("create_bucket", Bucket=self.NAME)
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, name="bucket-proxy", daemon=True).start()
+
+    def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            try:
+                self.server.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+                self.server.wait(10)
+
+    def fs(self) -> Any:
+        """An s3fs filesystem straight on moto (not through the proxy): the soak's own view of the bucket."""
+        if self._fs is None:
+            import s3fs
+
+            self._fs = s3fs.S3FileSystem(key="testing", secret="testing", skip_instance_cache=True,
+                                         client_kwargs={"endpoint_url": self.direct, "region_name": "us-east-1"})
+        return self._fs
+
+    def down(self, mode: str) -> None:
+        assert mode in self.MODES, mode
+        self.mode = mode
+        self.outages.append([mode, None])
+        self._down_at = time.monotonic()
+
+    def up(self) -> None:
+        if self.mode != "up":
+            self.outages[-1][1] = round(time.monotonic() - self._down_at, 3)
+        self.mode = "up"
+
+    # ------------------------------------------------------------ the proxy
+    def _accept(self) -> None:
+        listener = self._listener
+        while listener is not None:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            target = self._pump if self.mode == "up" else self._refuse
+            threading.Thread(target=target, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _reset(sock: socket.socket) -> None:
+        """Close with a TCP reset (SO_LINGER 0), as a vanished network path or a dead server does."""
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        except OSError:
+            pass
+
+    def _refuse(self, conn: socket.socket) -> None:
+        if self.mode == "503":
+            conn.settimeout(5)
+            head = b""
+            try:
+                while b"\r\n\r\n" not in head and len(head) < 1 << 16:
+                    chunk = conn.recv(1 << 16)
+                    if not chunk:
+                        break
+                    head += chunk
+                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/xml\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(self._ERROR) + self._ERROR)
+            except OSError:
+                pass
+        self._reset(conn)
+
+    def _pump(self, conn: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", int(self.direct.rsplit(":", 1)[1])), timeout=10)
+        except OSError:
+            self._reset(conn)
+            return
+        try:
+            while self.mode == "up":  # an outage cuts connections in flight too (an upload half-sent)
+                ready, _, _ = select.select([conn, upstream], [], [], 0.1)
+                for sock in ready:
+                    data = sock.recv(1 << 16)
+                    if not data:
+                        return
+                    (upstream if sock is conn else conn).sendall(data)
+        except OSError:
+            pass
+        finally:
+            self._reset(conn)
+            self._reset(upstream)
+
+    # ------------------------------------------------------------ what the bucket holds
+    def verified(self, url: str, name: str) -> tuple[dict[str, Any] | None, str | None]:
+        """``(record, None)`` if checkpoint ``name`` under ``url`` is complete and every object matches its
+        record's size and SHA-256; else ``(record or None, why not)``."""
+        import hashlib
+
+        fs, root = self.fs(), url[len("s3://"):]
+        try:
+            record = json.loads(fs.cat_file(f"{root}/{name}{ckpt_store.META_SUFFIX}"))
+        except FileNotFoundError:
+            return None, f"{name} has no record"
+        for rel, want in record["files"].items():
+            key = "/".join(p for p in (root, name, rel) if p)
+            try:
+                data = fs.cat_file(key)
+            except FileNotFoundError:
+                return record, f"{rel or name} is missing"
+            if len(data) != want["size"] or hashlib.sha256(data).hexdigest() != want["sha256"]:
+                return record, f"{rel or name} has {len(data)} bytes / a SHA-256 unlike its record's"
+        return record, None
+
+    def pointer(self, url: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.fs().cat_file(f"{url[len('s3://'):]}/latest.json"))
+        except FileNotFoundError:
+            return None
+
+    def records(self, url: str) -> list[dict[str, Any]]:
+        """Every checkpoint record under ``url``, newest (step, then save time) first; unverified."""
+        fs, root = self.fs(), url[len("s3://"):]
+        fs.invalidate_cache()
+        try:
+            metas = [p for p in fs.ls(root, detail=False, refresh=True) if p.endswith(ckpt_store.META_SUFFIX)]
+        except FileNotFoundError:
+            return []
+        return sorted((json.loads(fs.cat_file(p)) for p in metas),
+                      key=lambda r: (int(r["global_step"]), float(r["saved_at"])), reverse=True)
+
+    def newest(self, url: str) -> tuple[str, int] | None:
+        """What a launch resumes from in the bucket: the pointer's checkpoint if it verifies, else the newest
+        record (by step, then save time) that does (as ``RemoteCheckpoints.fetch_newest_good``)."""
+        self.fs().invalidate_cache()
+        pointer = self.pointer(url)
+        if pointer is not None and self.verified(url, pointer["name"])[1] is None:
+            return pointer["name"], int(pointer["global_step"])
+        for record in self.records(url):
+            if self.verified(url, record["name"])[1] is None:
+                return record["name"], int(record["global_step"])
+        return None
