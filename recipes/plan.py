@@ -35,9 +35,6 @@ Examples::
     python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance p5.48xlarge \\
         --price-spot 22.0 --interruption-rate 0.05 --json
 
-Which batch size (``python -m recipes.plan batch ...``, in :mod:`recipes.plan_batch`): steps, wall time and
-cost to the same loss per batch size and device count, from the gradient noise scale.
-
 From a finished run (``--run RUN_ID_OR_RUN_DIR``) the measured numbers replace ``--step-time`` and
 ``--steps``: the run's MLflow record (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``) gives
 
@@ -61,6 +58,47 @@ From a finished run (``--run RUN_ID_OR_RUN_DIR``) the measured numbers replace `
 
 Exit status: 0 with a plan; 1 when no row meets ``--deadline-h`` or ``--budget-usd`` (the answer
 says so, naming the limit and the best achievable); 2 on bad input (one line on stderr naming the value).
+
+**Which batch size** (``python -m recipes.plan batch ...``), on how many devices, reaches the same loss soonest
+or cheapest.
+
+From the gradient noise scale ``B_noise`` (McCandlish et al. 2018; ``GradientNoiseScale`` logs it as
+``noise_scale/b_simple``), the steps one run took to a target at its batch, and step times measured at a
+few batch sizes, this predicts for each global batch ``B`` and device count ``N``: the steps to the same
+loss ``S(B) = S_min (1 + B_noise / B)``, the step time ``t(B/N) + comm(N)``, the wall time and the
+dollars; it picks the fastest and the cheapest and marks batches past diminishing returns
+(``B > 4 B_noise``: doubling the batch saves under 10 % of the steps). The math is in
+:mod:`callbacks.analysis.batch_size`.
+
+::
+
+    # all by hand: B_noise 200, a run took 900 steps at batch 32, step times at 3 per-device batches
+    python -m recipes.plan batch --b-noise 200 --ref-steps 900 --ref-batch 32 \\
+        --step-times 32:0.011,64:0.015,128:0.024 --batches 32,64,128,256,512,1024 --devices 1,2,4,8 \\
+        --params 1.2e6 --bandwidth-gbps 100 --instance a3-highgpu-8g --plot batch.png
+
+    # from runs: B_noise and the steps to val/acc 0.97 from a run with GradientNoiseScale, step times from
+    # other runs (each run's time/mean/step_s at its data.init_args.batch_size)
+    python -m recipes.plan batch --run RUN_ID --target val/acc=0.97 --step-time-runs ID1,ID2,ID3
+
+    # step times from a short sweep this command runs (recipes.fit, --sweep-steps steps per batch size)
+    python -m recipes.plan batch --run RUN_ID --sweep configs/digits.yaml --batches 16,32,64,128
+
+    # validate the prediction on a recipe: train to the target at each batch and compare (trains; minutes)
+    python -m recipes.plan batch --validate configs/digits.yaml --batches 16,32,64,128 --ref-batch 32 \\
+        --target val/acc=0.97
+
+Only ``--sweep``/``--validate`` train (in ``python -m recipes.fit`` subprocesses, described in
+:mod:`recipes.planning.batch_train`); the planner itself imports neither torch nor Lightning. Exit status: 0;
+1 when ``--validate`` finds the predicted ranking differs from the measured one or a run missed the target; 2
+on bad input (one line on stderr naming the value).
+
+Where things live: this module is the command line of both (parsing flags into inputs, printing, exit
+codes). :mod:`recipes.planning` holds the rest: the model (:mod:`~recipes.planning.model`), a finished run's
+measurements from MLflow (:mod:`~recipes.planning.runs`), the table and JSON (:mod:`~recipes.planning.report`),
+the figures (:mod:`~recipes.planning.plot`), and for the batch size: what a run says
+(:mod:`~recipes.planning.batch_runs`), the training of ``--sweep``/``--validate``
+(:mod:`~recipes.planning.batch_train`) and its tables (:mod:`~recipes.planning.batch_report`).
 """
 
 from __future__ import annotations
@@ -68,24 +106,30 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import tempfile
+import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from callbacks.analysis.ckpt_interval import daly_interval, mtbf_from_rate
-from callbacks.analysis.cost import expected_run
+from callbacks.analysis.batch_size import StepTimeModel, fit_step_time, plan_batches, s_min_from_reference
+from callbacks.analysis.comm import gbps_to_bytes_per_s, ring_allreduce_time
 from callbacks.analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
-from callbacks.analysis.scaling import amdahl_speedup, usl_speedup
-from callbacks.storage import ckpt_store
-from recipes.common import SERIAL_KEY, UsageError, human_duration, positive_ints, tracking_uri
-
-if TYPE_CHECKING:
-    from mlflow import MlflowClient
-    from mlflow.entities import Run
+from recipes.common import SERIAL_KEY, ArgumentParser, UsageError, human_duration, positive_ints
+from recipes.planning.batch_report import print_plan, print_validation
+from recipes.planning.batch_runs import B_NOISE_KEY, BATCH_PARAM, STEP_MEAN_KEY, read_run, store_client
+from recipes.planning.batch_train import sweep_step_times, validate
+from recipes.planning.model import DEFAULT_DEVICES, PlanInputs, PlanResult, PlanRow, law_speedup, plan
+from recipes.planning.plot import write_batch_plot, write_plot
+from recipes.planning.report import print_table, rich_console, to_json
+from recipes.planning.runs import (
+    RunMeasurement,
+    device_caveat,
+    law_from_scale_run,
+    measure_run,
+    resolve_run,
+    tracking_client,
+)
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -93,6 +137,7 @@ __all__ = [
     "PlanResult",
     "PlanRow",
     "RunMeasurement",
+    "batch_main",
     "human_duration",
     "main",
     "measure_run",
@@ -102,704 +147,11 @@ __all__ = [
     "write_plot",
 ]
 
-DEFAULT_DEVICES = (1, 2, 4, 8, 16, 32, 64)
+BATCH_PROG = "python -m recipes.plan batch"
+DEFAULT_BATCHES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
-@dataclass(frozen=True)
-class PlanInputs:
-    """Everything a plan needs, as plain numbers. Constructing it validates it.
-
-    Give either ``serial_fraction`` (Amdahl) or ``usl_a``/``usl_b`` (USL; a missing one is 0).
-
-    Args:
-        step_time_s: Time of one training step on one device, seconds (> 0).
-        steps: Number of steps in the run (>= 1).
-        instance: The catalog row to price (see :func:`callbacks.analysis.prices.with_overrides`).
-        serial_fraction: Amdahl serial fraction in [0, 1]; None when a USL coefficient is given.
-        usl_a: USL contention coefficient (>= 0), or None.
-        usl_b: USL coherency coefficient (>= 0), or None.
-        interruption_rate: Probability that one spot instance is interrupted per period, in [0, 1).
-        rate_period_s: The period of that rate, seconds (> 0).
-        save_cost_s: Time to write one checkpoint, seconds (> 0).
-        restart_s: Time to restart and reload after an interruption, seconds (>= 0).
-        devices: Device counts to tabulate (integers >= 1).
-        markets: Markets to tabulate, from ``("on_demand", "spot")``.
-        deadline_h: Pick the cheapest plan whose expected wall time is within this many hours.
-        budget_usd: Pick the fastest plan whose expected cost is within this many USD.
-
-    Raises:
-        ValueError: If a value is out of range or the scaling law is ambiguous; the message names it.
-    """
-
-    step_time_s: float
-    steps: int
-    instance: Instance
-    serial_fraction: float | None = None
-    usl_a: float | None = None
-    usl_b: float | None = None
-    interruption_rate: float = 0.0
-    rate_period_s: float = 3600.0
-    save_cost_s: float = 30.0
-    restart_s: float = 120.0
-    devices: tuple[int, ...] = DEFAULT_DEVICES
-    markets: tuple[str, ...] = MARKETS
-    deadline_h: float | None = None
-    budget_usd: float | None = None
-
-    def __post_init__(self) -> None:
-        def finite(x: float) -> bool:
-            return isinstance(x, (int, float)) and math.isfinite(x)
-
-        if not (finite(self.step_time_s) and self.step_time_s > 0):
-            raise ValueError(f"step time {self.step_time_s!r} s must be a positive number of seconds.")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps={self.steps!r} must be an integer >= 1.")
-        usl = self.usl_a is not None or self.usl_b is not None
-        if usl and self.serial_fraction is not None:
-            raise ValueError(
-                f"give either a serial fraction ({self.serial_fraction!r}) or USL coefficients "
-                f"(a={self.usl_a!r}, b={self.usl_b!r}), not both."
-            )
-        if not usl and self.serial_fraction is None:
-            raise ValueError("give a scaling law: a serial fraction (Amdahl) or USL coefficients a and b.")
-        if self.serial_fraction is not None and not (
-            finite(self.serial_fraction) and 0.0 <= self.serial_fraction <= 1.0
-        ):
-            raise ValueError(f"serial fraction {self.serial_fraction!r} must be in [0, 1].")
-        for name, value in (("USL a", self.usl_a), ("USL b", self.usl_b)):
-            if value is not None and not (finite(value) and value >= 0):
-                raise ValueError(f"{name}={value!r} must be a finite number >= 0.")
-        if not (finite(self.interruption_rate) and 0.0 <= self.interruption_rate < 1.0):
-            raise ValueError(f"interruption rate {self.interruption_rate!r} must be in [0, 1) (per period).")
-        if not (finite(self.rate_period_s) and self.rate_period_s > 0):
-            raise ValueError(f"rate period {self.rate_period_s!r} s must be positive.")
-        if not (finite(self.save_cost_s) and self.save_cost_s > 0):
-            raise ValueError(f"checkpoint save cost {self.save_cost_s!r} s must be positive.")
-        if not (finite(self.restart_s) and self.restart_s >= 0):
-            raise ValueError(f"restart time {self.restart_s!r} s must be >= 0.")
-        if not self.devices:
-            raise ValueError("the device list is empty.")
-        for n in self.devices:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"device count {n!r} must be an integer >= 1.")
-        for market in self.markets:
-            if market not in MARKETS:
-                raise ValueError(f"market {market!r} must be one of {MARKETS}.")
-        if self.deadline_h is not None and not (finite(self.deadline_h) and self.deadline_h > 0):
-            raise ValueError(f"deadline {self.deadline_h!r} h must be a positive number of hours.")
-        if self.budget_usd is not None and not (finite(self.budget_usd) and self.budget_usd > 0):
-            raise ValueError(f"budget {self.budget_usd!r} USD must be a positive amount.")
-
-    def speedup(self, n: int) -> float:
-        """Speedup of ``n`` devices over one, from the scaling law.
-
-        Args:
-            n: Device count (>= 1).
-
-        Returns:
-            ``C(n)``.
-        """
-        if self.serial_fraction is not None:
-            return float(amdahl_speedup(n, self.serial_fraction))
-        return float(usl_speedup(n, self.usl_a or 0.0, self.usl_b or 0.0))
-
-    @property
-    def scaling_law(self) -> str:
-        """The scaling law in words, e.g. ``"Amdahl s=0.05"``."""
-        if self.serial_fraction is not None:
-            return f"Amdahl s={self.serial_fraction:g}"
-        return f"USL a={self.usl_a or 0.0:g} b={self.usl_b or 0.0:g}"
-
-
-@dataclass(frozen=True)
-class PlanRow:
-    """One (device count, market) option.
-
-    Args:
-        devices: Device count N.
-        market: ``"on_demand"`` or ``"spot"``.
-        instances: Instances billed, ``ceil(N / devices per instance)``.
-        price_per_h: Price per instance-hour, USD.
-        speedup: ``C(N)``.
-        work_h: Uninterrupted run time ``steps x step_time / C(N)``, hours.
-        mtbf_h: The job's mean time between interruptions, hours (inf: never interrupted).
-        interval_min: Daly checkpoint interval, minutes (inf: no checkpoints needed).
-        wall_h: Expected wall time, hours.
-        cost_usd: Expected cost, USD.
-        interruptions: Expected number of interruptions.
-        pareto: True when no other row is at least as cheap and as fast, and strictly one of the two.
-        periodic_checkpoint: True when the job is longer than the checkpoint interval (False: never
-            interrupted, or done before the first periodic checkpoint would be due).
-    """
-
-    devices: int
-    market: str
-    instances: int
-    price_per_h: float
-    speedup: float
-    work_h: float
-    mtbf_h: float
-    interval_min: float
-    wall_h: float
-    cost_usd: float
-    interruptions: float
-    pareto: bool = False
-    periodic_checkpoint: bool = False
-
-    @property
-    def label(self) -> str:
-        """Short name, e.g. ``"N=8 spot"``."""
-        return f"N={self.devices} {self.market}"
-
-
-@dataclass
-class PlanResult:
-    """The table and the picks.
-
-    Args:
-        inputs: What was planned.
-        rows: One :class:`PlanRow` per device count and market, in that order.
-        picks: Row chosen per criterion: ``cheapest``, ``fastest`` and, when asked,
-            ``cheapest_within_deadline`` and ``fastest_within_budget`` (None when no row qualifies).
-        messages: Notes for the reader (skipped markets, unmet limits).
-        feasible: False when a deadline or budget was given and no row meets it.
-    """
-
-    inputs: PlanInputs
-    rows: list[PlanRow]
-    picks: dict[str, PlanRow | None] = field(default_factory=dict)
-    messages: list[str] = field(default_factory=list)
-    feasible: bool = True
-
-
-def _pareto_flags(rows: Sequence[PlanRow]) -> list[bool]:
-    flags = []
-    for r in rows:
-        dominated = any(
-            o.wall_h <= r.wall_h
-            and o.cost_usd <= r.cost_usd
-            and (o.wall_h < r.wall_h or o.cost_usd < r.cost_usd)
-            for o in rows
-        )
-        flags.append(not dominated)
-    return flags
-
-
-def _plan_row(inputs: PlanInputs, n: int, market: str, price: float) -> PlanRow:
-    inst = inputs.instance
-    instances = math.ceil(n / inst.devices_per_instance)
-    speedup = inputs.speedup(n)
-    work_s = inputs.steps * inputs.step_time_s / speedup
-    rate = inputs.interruption_rate if market == "spot" else 0.0
-    mtbf_s = mtbf_from_rate(rate, inputs.rate_period_s, instances)
-    interval_s = daly_interval(inputs.save_cost_s, mtbf_s)
-    exp = expected_run(work_s, interval_s, inputs.save_cost_s, inputs.restart_s, mtbf_s, instances, price)
-    return PlanRow(
-        devices=n,
-        market=market,
-        instances=instances,
-        price_per_h=price,
-        speedup=speedup,
-        work_h=work_s / 3600.0,
-        mtbf_h=mtbf_s / 3600.0,
-        interval_min=interval_s / 60.0,
-        wall_h=exp.wall_s / 3600.0,
-        cost_usd=exp.cost_usd,
-        interruptions=exp.interruptions,
-        periodic_checkpoint=interval_s < work_s,
-    )
-
-
-def plan(inputs: PlanInputs) -> PlanResult:
-    """Tabulate expected wall time and cost per device count and market, and pick the best rows.
-
-    Args:
-        inputs: The validated :class:`PlanInputs`.
-
-    Returns:
-        The :class:`PlanResult`. A market whose price the catalog lacks is skipped with a message; if
-        that leaves no row, ``rows`` is empty and ``feasible`` False.
-    """
-    messages: list[str] = []
-    prices: dict[str, float] = {}
-    for market in inputs.markets:
-        try:
-            prices[market] = price_for(inputs.instance, market)
-        except ValueError as err:
-            messages.append(f"{market} rows skipped: {err}")
-    rows = [_plan_row(inputs, n, m, p) for n in inputs.devices for m, p in prices.items()]
-    rows = [
-        PlanRow(**{**asdict(r), "pareto": flag}) for r, flag in zip(rows, _pareto_flags(rows), strict=True)
-    ]
-    result = PlanResult(inputs=inputs, rows=rows, messages=messages)
-    spot = [r for r in rows if math.isfinite(r.interval_min)]
-    short = [r for r in spot if not r.periodic_checkpoint]
-    if short:
-        which = "in any spot row" if len(short) == len(spot) else "for " + ", ".join(r.label for r in short)
-        messages.append(
-            f"no periodic checkpoint needed {which}: the job is shorter than the optimal interval ({short[0].label}: "
-            f"{human_duration(short[0].work_h * 3600)} of work, {human_duration(short[0].interval_min * 60)} between "
-            "checkpoints); the final checkpoint is enough."
-        )
-    if not rows:
-        result.feasible = False
-        result.messages.append("no market has a price for this instance: nothing to plan.")
-        return result
-    fastest = min(rows, key=lambda r: (r.wall_h, r.cost_usd))
-    cheapest = min(rows, key=lambda r: (r.cost_usd, r.wall_h))
-    result.picks = {"cheapest": cheapest, "fastest": fastest}
-    if inputs.deadline_h is not None:
-        ok = [r for r in rows if r.wall_h <= inputs.deadline_h]
-        pick = min(ok, key=lambda r: (r.cost_usd, r.wall_h)) if ok else None
-        result.picks["cheapest_within_deadline"] = pick
-        if pick is None:
-            result.feasible = False
-            result.messages.append(
-                f"No plan meets the deadline of {inputs.deadline_h:g} h: the fastest achievable expected "
-                f"time is {human_duration(fastest.wall_h * 3600)} ({fastest.label}, {_usd(fastest.cost_usd)})."
-            )
-    if inputs.budget_usd is not None:
-        ok = [r for r in rows if r.cost_usd <= inputs.budget_usd]
-        pick = min(ok, key=lambda r: (r.wall_h, r.cost_usd)) if ok else None
-        result.picks["fastest_within_budget"] = pick
-        if pick is None:
-            result.feasible = False
-            result.messages.append(
-                f"No plan fits the budget of ${inputs.budget_usd:,.2f}: the cheapest achievable expected "
-                f"cost is {_usd(cheapest.cost_usd)} ({cheapest.label}, {human_duration(cheapest.wall_h * 3600)})."
-            )
-    return result
-
-
-# ----------------------------------------------------------------------------------------------- output
-
-
-def _num(x: float) -> float | None:
-    """JSON has no infinity: inf and nan become null."""
-    return x if math.isfinite(x) else None
-
-
-def _row_json(row: PlanRow) -> dict:
-    return {k: (_num(v) if isinstance(v, float) else v) for k, v in asdict(row).items()}
-
-
-def to_json(result: PlanResult) -> dict:
-    """The plan as a JSON-ready dict (infinite MTBF and interval become null).
-
-    Args:
-        result: From :func:`plan`.
-
-    Returns:
-        ``{"inputs", "instance", "rows", "picks", "messages", "feasible"}``.
-    """
-    inputs = asdict(result.inputs)
-    instance = inputs.pop("instance")
-    inputs["devices"] = list(inputs["devices"])
-    inputs["markets"] = list(inputs["markets"])
-    inputs["scaling_law"] = result.inputs.scaling_law
-    return {
-        "inputs": inputs,
-        "instance": instance,
-        "rows": [_row_json(r) for r in result.rows],
-        "picks": {k: (None if r is None else _row_json(r)) for k, r in result.picks.items()},
-        "messages": result.messages,
-        "feasible": result.feasible,
-    }
-
-
-def _money(x: float) -> str:
-    """USD with cents, or two significant digits below a cent (``0.00028``): a small cost is not ``0.00``."""
-    if not math.isfinite(x):
-        return "-"
-    return f"{x:.2g}" if 0 < x < 0.01 else f"{x:,.2f}"
-
-
-def _usd(x: float) -> str:
-    return "$" + _money(x)
-
-
-def _count(x: float) -> str:
-    return "0" if x == 0 else "<0.01" if x < 0.005 else f"{x:.2f}"
-
-
-def _console() -> Any:
-    """A rich console as wide as the terminal, or ``COLUMNS``; 160 columns when piped without ``COLUMNS``."""
-    from rich.console import Console
-
-    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
-        return Console()
-    return Console(width=160)
-
-
-#: Columns left out, in this order, when the table would not fit the console (N, market, wall, cost, pick stay).
-_DROP_FIRST = ("inst.", "speedup", "interr.", "work", "ckpt every")
-#: The picks in words, and as the table's pick column marks them.
-PICK_NAMES = {"cheapest": ("cheapest", "cheapest"), "fastest": ("fastest", "fastest"),
-              "cheapest_within_deadline": ("cheapest within {deadline}", "deadline"),
-              "fastest_within_budget": ("fastest within {budget}", "budget")}
-
-
-def print_table(result: PlanResult) -> None:
-    """Print the plan as a rich table with the picks marked, the picks in words, then the messages.
-
-    Times carry their unit (:func:`human_duration`). The table fits the console: 100 columns show every
-    column but the MTBF (in ``--json``); narrower ones leave out the least needed, and say which.
-
-    Args:
-        result: From :func:`plan`.
-    """
-    from rich.cells import cell_len
-    from rich.markup import escape
-    from rich.measure import Measurement
-    from rich.table import Table
-
-    console = _console()
-    inp = result.inputs
-    inst = inp.instance
-    spot = "n/a" if inst.spot_usd_per_h is None else f"${inst.spot_usd_per_h:g}/h"
-    title = (
-        f"{inp.steps:,} steps x {human_duration(inp.step_time_s)} on {inst.name} ({inst.gpus}x {inst.gpu or 'CPU'}), "
-        f"{inp.scaling_law}"
-    )
-    caption = (
-        f"wall, cost and interr(uptions) are expected values. On-demand ${inst.on_demand_usd_per_h:g}/h, spot {spot} "
-        f"per instance ({inst.source}, {inst.date}); spot interruptions {inp.interruption_rate:g} per "
-        f"{inp.rate_period_s / 3600:g} h per instance; save {inp.save_cost_s:g} s, restart {inp.restart_s:g} s. "
-        "* = Pareto front."
-    )
-    marks: dict[int, list[str]] = {}
-    for key, row in result.picks.items():
-        if row is not None:
-            marks.setdefault(id(row), []).append(PICK_NAMES[key][1])
-    cells = []
-    for r in result.rows:
-        interval = "-" if not math.isfinite(r.interval_min) else (
-            human_duration(r.interval_min * 60) if r.periodic_checkpoint else "not needed")
-        cells.append({
-            "N": str(r.devices), "market": r.market, "inst.": str(r.instances), "speedup": f"{r.speedup:.2f}",
-            "work": human_duration(r.work_h * 3600), "ckpt every": interval, "wall": human_duration(r.wall_h * 3600),
-            "cost $": _money(r.cost_usd), "interr.": _count(r.interruptions),
-            "pick": ("* " if r.pareto else "") + ", ".join(marks.get(id(r), [])),
-        })
-
-    def build(names: list[str], note: str) -> Table:
-        table = Table(title=title, caption=caption + note)
-        for name in names:  # a cell that must not wrap asks for its width, so measuring the table is exact
-            wraps = name in ("ckpt every", "pick")
-            least = 6 if wraps else max((cell_len(row[name]) for row in cells), default=None)
-            table.add_column(escape(name), justify="left" if name in ("market", "pick") else "right",
-                             no_wrap=not wraps, min_width=least)
-        for row in cells:
-            table.add_row(*(row[name] for name in names))
-        return table
-
-    names = list(cells[0]) if cells else ["N", "market", "wall", "cost $", "pick"]
-    dropped: list[str] = []
-    table = build(names, "")
-    while Measurement.get(console, console.options.update_width(10_000), table).minimum > console.width:
-        name = next((n for n in _DROP_FIRST if n in names), None)
-        if name is None:
-            break
-        names.remove(name)
-        dropped.append(name)
-        table = build(names, f" Not shown at {console.width} columns: {', '.join(dropped)} (see --json).")
-    console.print(table)
-    limits = {"deadline": f"{inp.deadline_h:g} h" if inp.deadline_h is not None else "",
-              "budget": _usd(inp.budget_usd) if inp.budget_usd is not None else ""}
-    picked = [(PICK_NAMES[key][0].format(**limits) + ":", row) for key, row in result.picks.items() if row]
-    width = max((len(name) for name, _ in picked), default=0)
-    for name, row in picked:
-        console.print(f"{name:<{width}} {row.label}, {human_duration(row.wall_h * 3600)}, {_usd(row.cost_usd)}",
-                      markup=False, highlight=False)
-    for message in result.messages:
-        console.print(message, markup=False, highlight=False)
-
-
-def write_plot(result: PlanResult, path: str | Path) -> Path:
-    """Write a PNG of expected cost against expected wall time, Pareto front marked and labelled.
-
-    Args:
-        result: From :func:`plan`.
-        path: The PNG file to write.
-
-    Returns:
-        The path written.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
-    path = Path(path)
-    rows = [r for r in result.rows if math.isfinite(r.wall_h) and math.isfinite(r.cost_usd)]
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    for market, marker in (("on_demand", "o"), ("spot", "s")):
-        pts = [r for r in rows if r.market == market]
-        if pts:
-            ax.scatter(
-                [r.wall_h for r in pts],
-                [r.cost_usd for r in pts],
-                marker=marker,
-                alpha=0.6,
-                label=market.replace("_", "-"),
-            )
-    front = sorted((r for r in rows if r.pareto), key=lambda r: r.wall_h)
-    if front:
-        ax.plot([r.wall_h for r in front], [r.cost_usd for r in front], "k--", lw=1, label="Pareto front")
-        ax.scatter(
-            [r.wall_h for r in front], [r.cost_usd for r in front], facecolors="none", edgecolors="k", s=120
-        )
-        for r in front:
-            ax.annotate(
-                r.label, (r.wall_h, r.cost_usd), textcoords="offset points", xytext=(6, 4), fontsize=8
-            )
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    if rows and all(r.wall_h > 0 for r in rows):
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(plain)
-    if rows and all(r.cost_usd > 0 for r in rows):
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plain)
-    inst = result.inputs.instance
-    ax.set_xlabel("expected wall time (h)")
-    ax.set_ylabel("expected cost (USD)")
-    ax.set_title(f"{result.inputs.steps:,} steps on {inst.name}, {result.inputs.scaling_law}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-# ---------------------------------------------------------------------------------- from a finished run
-
-STEP_MEAN_KEY = "time/mean/step_s"
-STEP_WINDOW_KEY = "time/step_s"
-SCALE_SERIAL_KEY = "scale/amdahl_serial_fraction"
-SCALE_USL_KEYS = ("scale/usl_a", "scale/usl_b")
-BEST_LAW_TAG = "atscale.best_law"
-
-
-@dataclass(frozen=True)
-class RunMeasurement:
-    """What a finished run's record says about its speed, as the planner uses it.
-
-    Args:
-        run_id: The MLflow run.
-        run_dir: The run directory, when one was given.
-        measured_step_s: Seconds per step as measured, on ``world_size`` devices.
-        step_time_source: Where ``measured_step_s`` comes from, in words.
-        world_size: Devices the run trained on.
-        world_size_source: Where ``world_size`` comes from.
-        steps: The run's total optimizer steps.
-        steps_source: Where ``steps`` comes from.
-        serial_fraction: The run's own ``amdahl/serial_fraction`` measured at ``world_size`` (its
-            ``.../world_N`` record, which a run resumed on another device count keeps per world size), else
-            the run's latest; None when it logged none.
-        serial_fraction_key: The metric ``serial_fraction`` was read from.
-        measured_device: What measured the step time: ``"CPU"``, the GPU model(s) in ``manifest.json``,
-            or None when unknown.
-        device_source: Where ``measured_device`` comes from.
-    """
-
-    run_id: str
-    run_dir: str | None
-    measured_step_s: float
-    step_time_source: str
-    world_size: int
-    world_size_source: str
-    steps: int
-    steps_source: str
-    serial_fraction: float | None
-    measured_device: str | None = None
-    device_source: str = "no manifest.json"
-    serial_fraction_key: str = SERIAL_KEY
-
-
-def _tracking_client() -> tuple[MlflowClient, str]:
-    """A client on ``MLFLOW_TRACKING_URI`` (else the CLI's default); mlflow is imported only here."""
-    import mlflow
-
-    uri = tracking_uri()
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
-        raise ValueError(f"no MLflow store at {uri}: set MLFLOW_TRACKING_URI to the store that tracked the run.")
-    return mlflow.MlflowClient(tracking_uri=uri), uri
-
-
-def _get_run(client: MlflowClient, run_id: str, what: str, uri: str) -> Run:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_run(run_id)
-    except MlflowException:
-        raise ValueError(f"unknown {what} {run_id!r}: no such MLflow run in {uri}.") from None
-
-
-def _newest_record(run_dir: Path) -> ckpt_store.CheckpointRecord | None:
-    """The run directory's newest checkpoint record (not hashed: records only are read)."""
-    directory = run_dir / "checkpoints" if (run_dir / "checkpoints").is_dir() else run_dir
-    for path in ckpt_store.candidates(directory):
-        record = ckpt_store.read_record(path, verify_hash=False)
-        if record is not None:
-            return record
-    return None
-
-
-def _manifest(client: MlflowClient, run: Run, run_dir: Path | None) -> dict | None:
-    """The run's ``manifest.json``: from the run directory, else its MLflow artifacts."""
-    places = [run_dir / "manifest.json"] if run_dir is not None else []
-    artifacts = run.info.artifact_uri or ""
-    local = "://" not in artifacts or artifacts.startswith("file://")
-    if local:
-        places.append(Path(artifacts.removeprefix("file://")) / "manifest.json")
-    for path in places:
-        if path.is_file():
-            return json.loads(path.read_text())
-    if local:
-        return None
-    try:  # a remote artifact store
-        with tempfile.TemporaryDirectory() as tmp:
-            return json.loads(Path(client.download_artifacts(run.info.run_id, "manifest.json", tmp)).read_text())
-    except Exception:  # no manifest logged: the caller says so
-        return None
-
-
-def _world_size(manifest: dict | None, run: Run) -> tuple[int, str]:
-    if manifest and isinstance(manifest.get("world_size"), int) and manifest["world_size"] >= 1:
-        return manifest["world_size"], "manifest.json"
-    params = run.data.params
-    devices, nodes = params.get("trainer.devices", ""), params.get("trainer.num_nodes", "1")
-    if devices.isdigit() and nodes.isdigit() and int(devices) >= 1:
-        return int(devices) * int(nodes), "params trainer.devices x trainer.num_nodes"
-    return 1, f"assumed: no manifest.json and trainer.devices={devices or None!r}"
-
-
-def _measured_device(manifest: dict | None, run: Run) -> tuple[str | None, str]:
-    """``("CPU" | GPU model(s) | None, where that comes from)``: the manifest's GPUs, unless the run chose the CPU."""
-    if run.data.params.get("trainer.accelerator") == "cpu":
-        return "CPU", "params trainer.accelerator=cpu"
-    gpus = manifest.get("gpus") if manifest else None
-    if not isinstance(gpus, list):
-        return None, "no manifest.json" if manifest is None else "manifest.json names no devices"
-    if not gpus:
-        return "CPU", "manifest.json lists no GPU"
-    return " + ".join(dict.fromkeys(map(str, gpus))), "manifest.json"
-
-
-def device_caveat(device: str | None, device_source: str, instance: Instance) -> str | None:
-    """Why a step time measured on ``device`` may not hold on ``instance``, or None when they match.
-
-    Args:
-        device: ``"CPU"``, a GPU model as ``torch.cuda.get_device_name`` gives it, or None (unknown).
-        device_source: Where ``device`` comes from, for the reader.
-        instance: The catalog row the plan prices.
-
-    Returns:
-        One sentence, or None when the run measured on the instance's kind of device (a CPU for a
-        machine without GPUs; a GPU whose name contains the catalog's model, e.g. ``H100``).
-    """
-    target = instance.gpu or "CPU"
-    if device is not None:
-        if instance.gpu is None and device == "CPU":
-            return None
-        model = (instance.gpu or "").split()[0].lower() if instance.gpu else None
-        if model and device != "CPU" and model in device.lower():
-            return None
-    measured = device or "an unknown device"
-    kind = "device" if device is None else "CPU" if device == "CPU" else "GPU"
-    return (f"step time measured on {measured} ({device_source}), priced as {instance.name} ({instance.gpus}x "
-            f"{target}): the rows assume one {target} steps as fast as that {kind} did. Measure on the target "
-            "device, or pass --step-time.") if instance.gpu else (
-            f"step time measured on {measured} ({device_source}), priced as {instance.name} (no GPU): the rows "
-            f"assume that machine steps as fast as that {kind} did. Measure on the target device, or pass "
-            "--step-time.")
-
-
-def measure_run(client: MlflowClient, run: Run, run_dir: Path | None = None) -> RunMeasurement:
-    """Read a finished run's step time, steps and world size from its MLflow record (and run directory).
-
-    Args:
-        client: An ``mlflow.MlflowClient`` on the store that tracked the run.
-        run: The ``mlflow.entities.Run``.
-        run_dir: Its run directory, if known (its newest checkpoint record also gives the steps).
-
-    Returns:
-        The :class:`RunMeasurement` (see the module docstring for the order of preference).
-
-    Raises:
-        ValueError: If the run logged no steps, or has neither timing metrics nor an end time.
-    """
-    run_id = run.info.run_id
-    metrics = run.data.metrics
-    logged = 0
-    for key in metrics:
-        if not key.startswith("system/"):  # MLflow's system metrics count samples, not steps
-            logged = max([logged, *(m.step for m in client.get_metric_history(run_id, key))])
-    record = _newest_record(run_dir) if run_dir is not None else None
-    steps, steps_source = logged, "furthest step the run logged"
-    if record is not None and record.global_step >= steps:
-        steps_source = "newest checkpoint record" if record.global_step > steps else f"{steps_source} and checkpoint"
-        steps = record.global_step
-    if steps < 1:
-        raise ValueError(f"run {run_id} logged no training steps: give --steps and --step-time.")
-    if metrics.get(STEP_MEAN_KEY, 0) > 0:
-        measured, source = metrics[STEP_MEAN_KEY], f"{STEP_MEAN_KEY} (StepTiming's run mean)"
-    elif STEP_WINDOW_KEY in metrics:
-        values = [m.value for m in client.get_metric_history(run_id, STEP_WINDOW_KEY)]
-        measured, source = sum(values) / len(values), f"mean of {len(values)} {STEP_WINDOW_KEY} windows"
-    else:
-        if run.info.end_time is None:
-            raise ValueError(f"run {run_id} has not finished (status {run.info.status}) and logged no "
-                             f"{STEP_MEAN_KEY}: give --step-time.")
-        wall = (run.info.end_time - run.info.start_time) / 1000.0
-        measured, source = wall / steps, f"wall duration {wall:g} s / {steps} steps (MLflow run start to end)"
-    if not measured > 0:
-        raise ValueError(f"run {run_id}: measured step time {measured!r} s is not positive: give --step-time.")
-    manifest = _manifest(client, run, run_dir)
-    world, world_source = _world_size(manifest, run)
-    device, device_source = _measured_device(manifest, run)
-    serial_key = f"{SERIAL_KEY}/world_{world}" if f"{SERIAL_KEY}/world_{world}" in metrics else SERIAL_KEY
-    serial = metrics.get(serial_key)
-    return RunMeasurement(run_id=run_id, run_dir=None if run_dir is None else str(run_dir),
-                          measured_step_s=float(measured), step_time_source=source, world_size=world,
-                          world_size_source=world_source, steps=int(steps), steps_source=steps_source,
-                          serial_fraction=None if serial is None else float(serial), measured_device=device,
-                          device_source=device_source, serial_fraction_key=serial_key)
-
-
-def _resolve_run(client: MlflowClient, ref: str, uri: str) -> tuple[Run, Path | None]:
-    """``ref`` as a run directory (its checkpoint records name the MLflow run) or an MLflow run id."""
-    path = Path(ref)
-    if not path.is_dir():
-        return _get_run(client, ref, "run", uri), None
-    record = _newest_record(path)
-    run_id = record.extra.get("mlflow_run_id") if record is not None else None
-    if not run_id:
-        raise ValueError(f"run directory {ref!r} has no checkpoint record naming its MLflow run "
-                         "(checkpoints/*.meta.json): pass the MLflow run id instead.")
-    return _get_run(client, run_id, f"run (from {ref})", uri), path
-
-
-def _law_from_scale_run(client: MlflowClient, run_id: str, uri: str) -> tuple[dict[str, float], str]:
-    run = _get_run(client, run_id, "--scale-run", uri)
-    metrics, best = run.data.metrics, run.data.tags.get(BEST_LAW_TAG)
-    if best == "usl" and SCALE_USL_KEYS[0] in metrics:
-        law = {"usl_a": metrics[SCALE_USL_KEYS[0]], "usl_b": metrics.get(SCALE_USL_KEYS[1], 0.0)}
-        return law, f"USL fit of recipes.scale run {run_id} (best R²)"
-    if SCALE_SERIAL_KEY in metrics:
-        return {"serial_fraction": metrics[SCALE_SERIAL_KEY]}, f"Amdahl fit of recipes.scale run {run_id}"
-    raise ValueError(f"--scale-run {run_id} logged no {SCALE_SERIAL_KEY}: is it a recipes.scale parent run?")
-
-
-def _speedup(n: int, law: dict[str, float]) -> float:
-    if law.get("serial_fraction") is not None:
-        return float(amdahl_speedup(n, law["serial_fraction"]))
-    return float(usl_speedup(n, law.get("usl_a") or 0.0, law.get("usl_b") or 0.0))
-
-
-# ------------------------------------------------------------------------------------------------- CLI
+# ------------------------------------------------------------------------------ python -m recipes.plan
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -890,11 +242,11 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
     step_time, steps = args.step_time, args.steps
     client = uri = None
     if args.run or args.scale_run:
-        client, uri = _tracking_client()
+        client, uri = tracking_client()
     if law is None and args.scale_run:
-        law, law_source = _law_from_scale_run(client, args.scale_run, uri)
+        law, law_source = law_from_scale_run(client, args.scale_run, uri)
     if args.run:
-        run, run_dir = _resolve_run(client, args.run, uri)
+        run, run_dir = resolve_run(client, args.run, uri)
         measured = measure_run(client, run, run_dir)
         if law is None and measured.serial_fraction is not None:
             key = measured.serial_fraction_key
@@ -904,7 +256,7 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
         if law is None:
             raise ValueError(f"no scaling law: run {measured.run_id} logged no {SERIAL_KEY}; give --scale-run "
                              "PARENT_RUN_ID (a recipes.scale sweep), --serial-fraction S or --usl-a A --usl-b B.")
-        speedup = _speedup(measured.world_size, law)
+        speedup = law_speedup(measured.world_size, law)
         source = asdict(measured)
         source["run_serial_fraction"] = source.pop("serial_fraction")  # what the run measured, used or not
         source.update(speedup_at_world_size=speedup, scaling_law_source=law_source)
@@ -967,9 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 with a plan; 1 when no row meets the deadline or budget; 2 on bad input.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["batch"]:  # which batch size: recipes/plan_batch.py
-        from recipes.plan_batch import main as batch_main
-
+    if argv[:1] == ["batch"]:  # which batch size: batch_main below
         return batch_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
@@ -994,14 +344,204 @@ def main(argv: Sequence[str] | None = None) -> int:
         if source is not None:
             _print_source(source)
         if rate_source.startswith("catalog default"):
-            _console().print(f"interruption rate {inputs.interruption_rate:g} per {inputs.rate_period_s / 3600:g} h "
-                             f"({rate_source}; pass --interruption-rate to override)", markup=False, highlight=False)
+            rich_console().print(f"interruption rate {inputs.interruption_rate:g} per {inputs.rate_period_s / 3600:g} "
+                                 f"h ({rate_source}; pass --interruption-rate to override)", markup=False,
+                                 highlight=False)
         print_table(result)
     if args.plot:
         written = write_plot(result, args.plot)
         if not args.json:
             print(f"wrote {written}")
     return 0 if result.feasible else 1
+
+
+# ------------------------------------------------------------------------ python -m recipes.plan batch
+
+
+def _step_times(text: str) -> tuple[list[int], list[float]]:
+    """``"32:0.011,64:0.015"`` -> per-device batches and seconds."""
+    batches, seconds = [], []
+    for part in text.split(","):
+        b, sep, t = part.strip().partition(":")
+        try:
+            bb, tt = int(b), float(t)
+        except ValueError:
+            raise UsageError(f"--step-times: {part.strip()!r} is not BATCH:SECONDS (e.g. 32:0.011).") from None
+        if not sep or bb < 1 or not (math.isfinite(tt) and tt > 0):
+            raise UsageError(f"--step-times: {part.strip()!r} needs a batch >= 1 and a positive time in seconds.")
+        batches.append(bb)
+        seconds.append(tt)
+    return batches, seconds
+
+
+def _target(text: str) -> tuple[str, float]:
+    """``"val/acc=0.97"`` -> (metric, value); a metric reaches it when at least it (``val/loss<=0.1`` for at most)."""
+    for sep in ("<=", ">=", "="):
+        if sep in text:
+            key, _, value = text.partition(sep)
+            try:
+                return key.strip() + ("<=" if sep == "<=" else ""), float(value)
+            except ValueError:
+                break
+    raise UsageError(f"--target: {text!r} is not METRIC=VALUE (e.g. val/acc=0.97, or val/loss<=0.1).")
+
+
+def _batch_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(prog=BATCH_PROG, description="Steps, wall time and cost to the same loss per batch size and "
+                                              "device count (McCandlish et al. 2018).")
+    src = p.add_argument_group("noise scale and reference (by hand, or from --run)")
+    src.add_argument("--b-noise", type=float, help="gradient noise scale B_noise, examples")
+    src.add_argument("--ref-steps", type=float, help="steps a run took to the target at --ref-batch")
+    src.add_argument("--ref-batch", type=int, help="that run's global batch (with --validate: the reference batch)")
+    src.add_argument("--s-min", type=float, help="S_min directly, instead of --ref-steps/--ref-batch")
+    src.add_argument("--run", help="MLflow run with GradientNoiseScale: B_noise, its batch and steps (to --target)")
+    src.add_argument("--target", help="METRIC=VALUE the steps are counted to (val/acc=0.97; val/loss<=0.1); "
+                                      "default: the run's last step. --validate: several, comma-separated, "
+                                      "ascending (the runs stop at the last)")
+    st = p.add_argument_group("step times (one of)")
+    st.add_argument("--step-times", help="per-device BATCH:SECONDS pairs, e.g. 32:0.011,64:0.015")
+    st.add_argument("--step-time-runs", help="comma-separated MLflow run ids: each one's time/mean/step_s at its batch")
+    st.add_argument("--sweep", metavar="CONFIG", help="run short recipes.fit runs of CONFIG at each of --batches")
+    st.add_argument("--sweep-steps", type=int, default=60, help="steps per sweep run (default 60)")
+    p.add_argument("--validate", metavar="CONFIG", help="train CONFIG to --target at each of --batches and compare")
+    p.add_argument("--val-every-examples", type=int, default=320, help="--validate: validate every this many examples")
+    p.add_argument("--max-epochs", type=int, default=20, help="--validate: give up after this many epochs")
+    p.add_argument("--stamp", help="--validate: reuse the finished runs of this stamp (printed at the end)")
+    p.add_argument("--batches", help=f"global batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})")
+    p.add_argument("--devices", default="1", help="data-parallel device counts, e.g. 1,2,4,8 (default 1)")
+    comm = p.add_argument_group("gradient communication per step on N > 1 devices (ring all-reduce)")
+    comm.add_argument("--params", type=float, help="model parameters")
+    comm.add_argument("--bytes-per-param", type=float, default=4.0, help="bytes per gradient element (default 4)")
+    comm.add_argument("--bandwidth-gbps", type=float, help="link bandwidth, Gbit/s")
+    comm.add_argument("--latency-us", type=float, default=5.0, help="per-hop latency, microseconds (default 5)")
+    p.add_argument("--instance", default="cpu-local", help="instance from the price catalog (default cpu-local)")
+    p.add_argument("--catalog", help="price catalog YAML (default callbacks/analysis/prices.yaml)")
+    p.add_argument("--market", default="on_demand", choices=MARKETS, help="which price (default on_demand)")
+    p.add_argument("--price-per-h", type=float, help="override the instance's price per hour, USD")
+    p.add_argument("--json", action="store_true", help="print the rows and picks as JSON")
+    p.add_argument("--plot", help="write time and cost vs batch size to this PNG")
+    return p
+
+
+def _batch_main(args: argparse.Namespace) -> int:
+    targets = [_target(t) for t in args.target.split(",")] if args.target else []
+    target = targets[-1] if targets else None
+    batches = positive_ints("--batches", args.batches, "16,32,64") if args.batches else None
+    devices = positive_ints("--devices", args.devices)
+    for flag in ("sweep_steps", "val_every_examples", "max_epochs"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be >= 1.")
+    if args.validate:
+        if target is None or batches is None or args.ref_batch is None:
+            raise UsageError("--validate needs --target, --batches and --ref-batch.")
+        tables = validate(args.validate, batches, args.ref_batch, targets, sweep_steps=args.sweep_steps,
+                          val_every_examples=args.val_every_examples, max_epochs=args.max_epochs, stamp=args.stamp)
+        agree = all([print_validation(rows, info) for rows, info in tables])
+        print(f"\nruns: experiment {tables[0][1]['experiment']!r}, --stamp {tables[0][1]['stamp']} (re-print without "
+              "training: the same command with --stamp)")
+        rows, info = tables[-1]
+        if args.plot:
+            model = StepTimeModel(info["step_time_model"]["t0"], info["step_time_model"]["per_example_s"])
+            plan = plan_batches(info["b_noise"], info["s_min"], batches, model)
+            measured = {r.batch: r.measured_s for r in rows if r.measured_s is not None}
+            print(f"wrote {write_batch_plot(plan, args.plot, measured)}")
+        return 0 if agree else 1
+    # the noise scale and S_min
+    b_noise, s_min, ref_batch, ref_steps = args.b_noise, args.s_min, args.ref_batch, args.ref_steps
+    client = uri = None
+    if args.run or args.step_time_runs:
+        client, uri = store_client()
+    if args.run:
+        ref = read_run(client, args.run, uri, target)
+        b_noise = b_noise if b_noise is not None else ref.b_noise
+        ref_batch = ref_batch if ref_batch is not None else ref.batch
+        ref_steps = ref_steps if ref_steps is not None else ref.steps
+        if b_noise is None:
+            raise UsageError(f"run {args.run} logged no {B_NOISE_KEY} (add callbacks.noise_scale.GradientNoiseScale "
+                             "to the run) and no --b-noise was given.")
+        if ref_steps is None:
+            raise UsageError(f"run {args.run} never reached {args.target}: give another --target or --ref-steps.")
+    if b_noise is None:
+        raise UsageError("give --b-noise B (or --run RUN_ID of a run with GradientNoiseScale).")
+    if not (math.isfinite(b_noise) and b_noise > 0):
+        raise UsageError(f"--b-noise {b_noise!r} must be a positive number of examples.")
+    if s_min is None:
+        if ref_steps is None or ref_batch is None:
+            raise UsageError("give --ref-steps S --ref-batch B (a run's steps to the target at its batch), or --s-min.")
+        try:
+            s_min = s_min_from_reference(ref_steps, ref_batch, b_noise)
+        except ValueError as err:
+            raise UsageError(f"--ref-steps/--ref-batch: {err}") from None
+    # step times
+    given = [f for f in ("step_times", "step_time_runs", "sweep") if getattr(args, f)]
+    if len(given) != 1:
+        raise UsageError("give exactly one source of step times: --step-times, --step-time-runs or --sweep "
+                         f"(got {', '.join('--' + g.replace('_', '-') for g in given) or 'none'}).")
+    if args.step_times:
+        sb, stimes = _step_times(args.step_times)
+    elif args.step_time_runs:
+        sb, stimes = [], []
+        for rid in [r.strip() for r in args.step_time_runs.split(",") if r.strip()]:
+            ref = read_run(client, rid, uri, None)
+            if not ref.step_s or not ref.per_device_batch:
+                raise UsageError(f"--step-time-runs: run {rid} has no {STEP_MEAN_KEY} or no {BATCH_PARAM} param.")
+            sb.append(ref.per_device_batch)
+            stimes.append(ref.step_s)
+    else:
+        sweep = batches or list(DEFAULT_BATCHES[:4])
+        sb, stimes, _ = sweep_step_times(args.sweep, sweep, args.sweep_steps, time.strftime("%Y%m%d-%H%M%S"),
+                                         Path("runs/plan-batch"))
+    model = fit_step_time(sb, stimes)
+    # communication and price
+    comm_s = None
+    if (args.params is None) != (args.bandwidth_gbps is None):
+        raise UsageError("give both --params and --bandwidth-gbps for the communication per step, or neither.")
+    if args.params is not None:
+        if not (args.params > 0 and args.bandwidth_gbps > 0 and args.bytes_per_param > 0 and args.latency_us >= 0):
+            raise UsageError(f"--params {args.params:g}, --bandwidth-gbps {args.bandwidth_gbps:g}, --bytes-per-param "
+                             f"{args.bytes_per_param:g} must be positive and --latency-us {args.latency_us:g} >= 0.")
+        size, bw = args.params * args.bytes_per_param, gbps_to_bytes_per_s(args.bandwidth_gbps)
+        lat = args.latency_us * 1e-6
+
+        def comm_s(n: int) -> float:
+            return ring_allreduce_time(size, n, bw, lat)
+    elif max(devices) > 1:
+        print("note: no --params/--bandwidth-gbps: communication on N > 1 devices is taken as free.")
+    catalog = load_catalog(args.catalog)
+    instance = get_instance(catalog, args.instance)
+    if args.price_per_h is not None:
+        instance = with_overrides(instance, **{"on_demand" if args.market == "on_demand" else "spot": args.price_per_h})
+    price = price_for(instance, args.market)
+    plan = plan_batches(b_noise, s_min, batches or list(DEFAULT_BATCHES), model, devices, comm_s, price,
+                        instance.devices_per_instance)
+    caption = f"{instance.name} {args.market} ${price:g}/h per instance ({instance.source}, {instance.date})."
+    if args.json:
+        print(json.dumps({"b_noise": plan.b_noise, "s_min": plan.s_min, "price_per_instance_h": price,
+                          "step_time_model": {"t0": model.t0, "per_example_s": model.per_example_s},
+                          "rows": [r.as_dict() for r in plan.rows], "fastest": plan.fastest.as_dict(),
+                          "cheapest": plan.cheapest.as_dict(),
+                          "skipped": [list(s) for s in plan.skipped]}, indent=2))
+    else:
+        print_plan(plan, model, caption)
+    if args.plot:
+        written = write_batch_plot(plan, args.plot)
+        if not args.json:
+            print(f"wrote {written}")
+    return 0
+
+
+def batch_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m recipes.plan batch ...``: 0 with a plan; 1 (``--validate``) when rankings differ; 2 on bad input."""
+    try:
+        args = _batch_parser().parse_args(argv)
+        return _batch_main(args)
+    except (UsageError, ValueError, KeyError, FileNotFoundError) as err:
+        message = err.args[0] if err.args else str(err)
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

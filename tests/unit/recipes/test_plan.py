@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from callbacks.analysis.prices import get_instance, load_catalog
-from recipes.plan import PlanInputs, main, plan
+from recipes.plan import main
+from recipes.planning.model import PlanInputs, plan
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = ["--step-time", "3", "--steps", "10000", "--instance", "a3-highgpu-1g", "--interruption-rate", "0.05"]
@@ -257,7 +258,7 @@ def test_explicit_mode_needs_step_time_and_steps(capsys, drop, named):
 
 
 def test_human_duration_picks_a_unit_that_fits():
-    from recipes.plan import human_duration
+    from recipes.common import human_duration
 
     cases = [(0.0, "0 s"), (0.0463, "0.046 s"), (2.5, "2.5 s"), (22.4, "22 s"), (90, "1.5 min"),
              (2032.14, "34 min"), (3750, "1.04 h"), (30918.4, "8.59 h"), (70184.6, "19.5 h"),

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from recipes import plan as plan_cli
-from recipes.plan_batch import main
+from recipes.plan import batch_main as main
 
 # B_noise 100; 300 steps at batch 50 -> S_min 100; t(b) = 10 ms + 0.1 ms x b; cpu-local is $0/h, so price by hand
 BASE = ["--b-noise", "100", "--ref-steps", "300", "--ref-batch", "50", "--step-times", "50:0.015,100:0.02",
