@@ -66,7 +66,7 @@ from typing_extensions import override
 
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
-from recipes import bench_compression
+from recipes import bench_compression, bench_lm
 from recipes.bench_runs import PIECES, Stopwatch, run_full_recipe, tensors_copy_floor
 from recipes.bench_stats import (
     bootstrap_ratio_ci,
@@ -913,6 +913,9 @@ def build_parser() -> argparse.ArgumentParser:
         "gpu", help="the GPU check: gpt-124m tokens/s and MFU, recipe overhead, StepTiming's CUDA clock, "
                     "checkpoint stall vs a pinned copy (a cpu reduced mode without a GPU)",
         description=bench_gpu.__doc__.splitlines()[0] if bench_gpu.__doc__ else None, formatter_class=HelpFormatter))
+    bench_lm.add_arguments(sub.add_parser(
+        "lm", help="the GPT recipe's step and trainer.fit vs plain Lightning's and a plain PyTorch loop's",
+        description=bench_lm.__doc__.splitlines()[0] if bench_lm.__doc__ else None, formatter_class=HelpFormatter))
     fit = sub.add_parser("fit", help="the default digits recipe's trainer.fit vs plain Lightning's, side by side",
                          formatter_class=HelpFormatter,
                          description="trainer.fit of `python -m recipes.fit --config configs/digits.yaml` (in this "
@@ -947,6 +950,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return chaos.main(args)
         if args.command == "compression":
             return bench_compression.run(args)
+        if args.command == "lm":
+            return bench_lm.run(args)
         if args.command == "_contention_worker":
             logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
             warnings.filterwarnings("ignore")

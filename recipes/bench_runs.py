@@ -58,11 +58,14 @@ PIECES = {
 def _piece_classes() -> dict[str, tuple[type, ...]]:
     from callbacks.baselines import Baselines
     from callbacks.cost import CostTracker
+    from callbacks.lm_baselines import LMBaselines
     from callbacks.manifest import Manifest
     from callbacks.spot import SpotCheckpoint
+    from callbacks.throughput import TokenThroughput
 
     return {"spot": (SpotCheckpoint,), "cost": (CostTracker,), "checkpointing": (ModelCheckpoint,),
-            "baselines": (Baselines,), "manifest": (Manifest,), "timing": (StepTiming,)}
+            "baselines": (Baselines,), "manifest": (Manifest,), "timing": (StepTiming,),
+            "lm_baselines": (LMBaselines,), "token_throughput": (TokenThroughput,)}
 
 
 def run_full_recipe(recipe: Sequence[str], root: Path, index: int, without: frozenset[str] = frozenset(),
