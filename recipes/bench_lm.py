@@ -280,7 +280,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
     if args.steps <= WARMUP_STEPS + 1:
         raise UsageError(f"--steps {args.steps} must exceed {WARMUP_STEPS + 1} (the warm-up steps left out)")
-    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # Lightning's tips, once per fit
+    from recipes.cli import quiet_known_noise
+
+    quiet_known_noise()
+    # each fit's device lines, once per fit and variant (mlflow.pytorch brings the pytorch_lightning package too)
+    for name in ("lightning.pytorch", "pytorch_lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore")
     console = Console(stderr=args.json)
     figures = bench_lm_ablation(args, console) if args.ablate else bench_lm(args, console)

@@ -9,6 +9,7 @@ different order), before and after the resume.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -21,8 +22,9 @@ import pytest
 import torch
 
 from datamodules.text import TextDataModule
-from recipes import sample
+from recipes import bench_stats, sample
 from recipes.gpt import GPT
+from tests.conftest import cli_env
 
 REPO = Path(__file__).resolve().parents[2]
 LOSS_TOLERANCE = 1e-4  # nats, FSDP vs DDP per step
@@ -134,3 +136,22 @@ def test_sample_from_an_fsdp_checkpoint_directory(cli: SimpleNamespace,
     assert sample.main(["--ckpt", str(ddp_file), "--prompt", "import ", "--max-new-bytes", "12",
                         "--temperature", "0"]) == 0
     assert capsysbinary.readouterr().out == expected + b"\n"
+
+
+# ------------------------------------------------------- its benchmark command
+def test_bench_lm_runs_each_variant_every_round_and_reports_their_ratios(tmp_path: Path) -> None:
+    """``python -m recipes.bench lm``, tiny: the figures it reports follow from the runs it made (no speed
+    figure is asserted: the lead measures on a quiet machine)."""
+    result = subprocess.run([sys.executable, "-m", "recipes.bench", "lm", "--steps", "8", "--rounds", "2",
+                             "--max-rounds", "2", "--json", "--out", str(tmp_path / "out")],
+                            cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True, timeout=500)
+    assert result.returncode == 0, result.stderr[-5000:]
+    figures = json.loads(result.stdout)
+    assert figures["rounds_run"] == 2 and figures["tokens_per_step"] == 16 * 128  # configs/gpt.yaml's batch x block
+    assert {v: len(r) for v, r in figures["runs"].items()} == {"torch": 2, "lightning": 2, "recipe": 2}
+    recipe, plain = ([r[k] for r in figures["runs"][v]] for v, k in (("recipe", "step_s"), ("lightning", "step_s")))
+    assert figures["step_ratio"] == pytest.approx(sum(recipe) / sum(plain))
+    low, high = figures["step_ci95"]
+    assert low <= figures["step_ratio"] <= high
+    assert figures["step_verdict"] == bench_stats.verdict_at_most(low, high, 1.03)
+    assert "Traceback" not in result.stderr
