@@ -305,6 +305,7 @@ class TextDataModule(pl.LightningDataModule):
         self._meta: dict[str, Any] | None = None
         self._train: _Bytes | None = None
         self._val: _Bytes | None = None
+        self._folder: Path | None = None
 
     # ------------------------------------------------------------------ cache
     def cache_key(self, files: list[tuple[str, int, int]] | None = None) -> str:
@@ -361,6 +362,7 @@ class TextDataModule(pl.LightningDataModule):
         if self._meta is not None:
             return
         folder = self.build_cache()
+        self._folder = folder
         self._meta = json.loads((folder / "meta.json").read_text())
         self._train = _Bytes(folder / "train.bin")
         self._val = _Bytes(folder / "val.bin")
@@ -395,13 +397,32 @@ class TextDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------- the extras
     def baseline_bits_per_byte(self) -> dict[str, float]:
         """``{"unigram": bpb, "bigram": bpb}``: add-one-smoothed n-gram models counted on the train split,
-        scored on the validation windows' targets (the bytes ``val/bpb`` scores)."""
+        scored on the validation windows' targets (the bytes ``val/bpb`` scores).
+
+        Counted once per corpus and window setting, then read from the corpus's cache folder: the count
+        reads every training byte (a second or more at the fit's start), and a relaunch or the next run on
+        the same corpus gets the same figures. A cache that cannot be written is not an error.
+        """
         if not hasattr(self, "val_set"):
             self.setup("fit")
-        assert self._train is not None and self._val is not None
+        assert self._train is not None and self._val is not None and self._folder is not None
+        cached = self._folder / f"baselines-block{self.block_size}-val{self.val_windows}.json"
+        try:
+            result = json.loads(cached.read_text())
+            if set(result) == {"unigram", "bigram"} and all(isinstance(v, float) for v in result.values()):
+                return result
+        except (OSError, ValueError):
+            pass  # not counted yet, or unreadable: count again
         offsets = self.val_set.starts[:, None] + np.arange(self.block_size + 1)
         windows = self._val.array[offsets]
-        return ngram_bits_per_byte(self._train.array, windows[:, :-1], windows[:, 1:])
+        result = ngram_bits_per_byte(self._train.array, windows[:, :-1], windows[:, 1:])
+        scratch = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        try:  # written whole or not at all: a reader never sees half a file
+            scratch.write_text(json.dumps(result))
+            os.replace(scratch, cached)
+        except OSError:
+            scratch.unlink(missing_ok=True)
+        return result
 
     def fingerprint(self) -> str:
         """SHA-256 over the encoded train and validation bytes: changes whenever the data does."""

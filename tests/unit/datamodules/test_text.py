@@ -134,6 +134,24 @@ def test_datamodule_baselines_score_the_validation_targets(tmp_path: Path) -> No
         np.frombuffer(b"aab", np.uint8), np.frombuffer(b"abba", np.uint8), np.frombuffer(b"bbab", np.uint8))
 
 
+def test_baselines_are_counted_once_per_corpus_and_window_setting(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    root = write_corpus(tmp_path / "c", {"train.txt": "aab" * 20, "val.txt": "abbab" * 8})
+    make = lambda **kw: TextDataModule(root=str(root), pattern="*.txt", block_size=2, batch_size=1,  # noqa: E731
+                                       val_fraction=0.5, cache_dir=str(tmp_path / "cache"), **kw)
+    first = make(val_windows=3).baseline_bits_per_byte()
+    counted = []
+    monkeypatch.setattr(text, "ngram_bits_per_byte", lambda *a: counted.append(a) or {"unigram": 1.0, "bigram": 2.0})
+    assert make(val_windows=3).baseline_bits_per_byte() == first  # a relaunch reads them: nothing counted
+    assert counted == []
+    assert make(val_windows=4).baseline_bits_per_byte() == {"unigram": 1.0, "bigram": 2.0}  # other windows: counted
+    assert len(counted) == 1
+    (cached,) = make(val_windows=3).cache_path().glob("baselines-block2-val3.json")
+    cached.write_text('{"unigram": 0.5')  # a torn file (by hand: the writer replaces whole files) is counted again
+    assert make(val_windows=3).baseline_bits_per_byte() == {"unigram": 1.0, "bigram": 2.0}
+    assert len(counted) == 2
+
+
 def test_too_small_a_split_is_named(tmp_path: Path) -> None:
     root = write_corpus(tmp_path / "c", {"train.txt": "aab" * 10, "val.txt": "ab"})
     dm = TextDataModule(root=str(root), pattern="*.txt", block_size=4, val_fraction=0.5,
