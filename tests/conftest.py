@@ -404,28 +404,11 @@ def tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 _E2E_DIR = Path(__file__).resolve().parent / "e2e"
 
 
-#: The end-to-end files that take longest, longest first (seconds of one worker in a `.ci/run` on the 2-core
-#: machine). Only the order of the queue: a long file started last would run alone while the other worker idles,
-#: so they start first and the short ones fill in at the end. A stale figure costs balance, never a result.
-_LONGEST_FIRST = {"tests/e2e/test_spot_resume.py": 461, "tests/e2e/test_fit.py": 443,
-                  "tests/e2e/test_readme_commands.py": 443, "tests/e2e/test_sweep.py": 318,
-                  "tests/e2e/test_team_server.py": 306, "tests/e2e/test_elastic.py": 221,
-                  "tests/e2e/test_exact_under_load.py": 200, "tests/e2e/test_trust.py": 180,
-                  "tests/e2e/test_launch_files.py": 170, "tests/e2e/test_object_store.py": 150}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e/ is end-to-end (``pytest -m "not e2e"`` runs the unit tests alone); the
-    longest end-to-end files are queued first (``_LONGEST_FIRST``), each file's tests in their own order."""
+    """Every test under tests/e2e/ is end-to-end (``pytest -m "not e2e"`` runs the unit tests alone)."""
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(_E2E_DIR):
             item.add_marker(pytest.mark.e2e)
-    # sorted() is stable: a file's tests keep their order, files not named keep theirs after the named ones
-    items[:] = sorted(items, key=lambda item: -_LONGEST_FIRST.get(_relative_path(item), 0))
-
-
-def _relative_path(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
 
 
 #: Files whose tests read the session's shared runs (``digits_recipe_runs``): one unit of work, so one worker
@@ -444,8 +427,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     not once per worker. ``_SCHEDULED_TOGETHER`` joins files that read the same shared runs;
     ``_SCHEDULED_PER_TEST`` splits files whose tests share nothing."""
     from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # the collection's order (longest first), not the count of tests
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
