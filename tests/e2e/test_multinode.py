@@ -55,9 +55,12 @@ def test_torchrun_elastic_job_goes_on_when_a_node_is_lost(tmp_path: Path) -> Non
     """
     port, trace = free_port(), tmp_path / "trace"
     env = cli_env(tmp_path)
+    # the second agent starts once the first listens, and its imports take seconds (tens on a busy machine): a
+    # last call of 30 s puts both nodes in the first round, not a round of one then a restart when the second
+    # joins (that restart's rank exchange timed out under load in CI); the round after the loss waits it out too
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-nodes",
-               "--rdzv-conf=last_call_timeout=2", "--max-restarts=2", "--monitor-interval=0.5",
+               "--rdzv-conf=last_call_timeout=30", "--max-restarts=2", "--monitor-interval=0.5",
                "-m", "recipes.fit", "--config", str(CONFIGS / "digits.yaml"), *FAST, "--log_model", "false",
                "--trainer.strategy", "ddp", "--trainer.devices", "1", "--trainer.max_epochs", "2",
                "--spot.every_n_steps", "5", "--run_name", "elastic-nodes",
