@@ -67,7 +67,7 @@ from typing_extensions import override
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
 from recipes import bench_compression, bench_lm
-from recipes.bench_runs import PIECES, Stopwatch, run_full_recipe, tensors_copy_floor
+from recipes.bench_runs import PIECES, Stopwatch, from_spec, own_store, run_full_recipe, tensors_copy_floor
 from recipes.bench_stats import (
     bootstrap_ratio_ci,
     ci_settled,
@@ -612,15 +612,6 @@ GOAL_FIT_RATIO = 1.15
 FIT_MARGIN = 0.05
 
 
-def _from_spec(spec: dict[str, Any]) -> Any:
-    """``{class_path, init_args}`` of a config -> a callable that builds it with the remaining arguments."""
-    import functools
-    import importlib
-
-    module, name = spec["class_path"].rsplit(".", 1)
-    return functools.partial(getattr(importlib.import_module(module), name), **spec.get("init_args", {}))
-
-
 def plain_digits_fit(epochs: int, root: Path) -> float:
     """Seconds of ``trainer.fit`` for plain Lightning on the digits recipe's module, data and seed.
 
@@ -634,7 +625,7 @@ def plain_digits_fit(epochs: int, root: Path) -> float:
 
     cfg = yaml.safe_load(DIGITS_CONFIG.read_text())
     init = dict(cfg["model"]["init_args"])
-    optimizer, scheduler = _from_spec(init.pop("optimizer")), _from_spec(init.pop("lr_scheduler"))
+    optimizer, scheduler = from_spec(init.pop("optimizer")), from_spec(init.pop("lr_scheduler"))
     pl.seed_everything(cfg["seed_everything"], verbose=False)
     model = ImageClassifier(**init, optimizer=optimizer, lr_scheduler=scheduler)
     trainer = Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
@@ -643,17 +634,6 @@ def plain_digits_fit(epochs: int, root: Path) -> float:
         started = time.perf_counter()
         trainer.fit(model, datamodule=DigitsDataModule(**cfg["data"]["init_args"]))
         return time.perf_counter() - started
-
-
-@contextlib.contextmanager
-def _own_store(root: Path) -> Any:
-    """``root`` created, and the recipe's MLflow store in it unless ``MLFLOW_TRACKING_URI`` names one."""
-    from unittest import mock
-
-    root.mkdir(parents=True, exist_ok=True)
-    with mock.patch.dict(os.environ):
-        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
-        yield root
 
 
 def recipe_digits_fit(epochs: int, root: Path, index: int,
@@ -672,7 +652,7 @@ def bench_fit(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     recipe: list[dict[str, float]] = []
     max_rounds = max(args.rounds, args.max_rounds)
     ci = (math.nan, math.nan, math.nan)
-    with tempfile.TemporaryDirectory() as tmp, _own_store(Path(args.out or tmp)) as root:
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
         for index in range(max_rounds):
             for key in ("plain", "recipe") if index % 2 == 0 else ("recipe", "plain"):
                 if key == "plain":
@@ -716,7 +696,7 @@ def bench_fit_ablation(args: argparse.Namespace, console: Console) -> dict[str, 
     pieces = args.pieces or list(PIECES)
     variants = ["full", *pieces]
     fit_s: dict[str, list[float]] = {v: [] for v in variants}
-    with tempfile.TemporaryDirectory() as tmp, _own_store(Path(args.out or tmp)) as root:
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
         for index in range(args.rounds):
             for variant in variants if index % 2 == 0 else variants[::-1]:
                 without = frozenset() if variant == "full" else frozenset({variant})

@@ -40,7 +40,7 @@ from lightning.pytorch import Trainer
 from rich.console import Console
 from rich.table import Table
 
-from recipes.bench_runs import PIECES, Stopwatch, run_full_recipe
+from recipes.bench_runs import PIECES, Stopwatch, from_spec, own_store, run_full_recipe
 from recipes.bench_stats import bootstrap_ratio_ci, ci_settled, verdict_at_most
 from recipes.common import UsageError
 
@@ -61,17 +61,12 @@ LM_PIECES = ("lm_baselines", "token_throughput", "timing", "spot", "cost", "mlfl
 
 def _gpt_parts(steps: int) -> tuple[pl.LightningModule, pl.LightningDataModule, dict[str, Any]]:
     """The GPT module and text data of ``configs/gpt.yaml``, seeded as the recipe seeds them."""
-    import functools
-    import importlib
-
     from datamodules.text import TextDataModule
     from recipes.gpt import GPT
 
     cfg = yaml.safe_load(GPT_CONFIG.read_text())
     init = dict(cfg["model"]["init_args"])
-    spec = init.pop("optimizer")
-    module, name = spec["class_path"].rsplit(".", 1)
-    optimizer = functools.partial(getattr(importlib.import_module(module), name), **spec.get("init_args", {}))
+    optimizer = from_spec(init.pop("optimizer"))
     pl.seed_everything(cfg["seed_everything"], verbose=False)
     model = GPT(**init, optimizer=optimizer)
     trainer_cfg = {"max_steps": steps, "val_check_interval": min(cfg["trainer"]["val_check_interval"], steps),
@@ -157,7 +152,7 @@ def bench_lm(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """The three variants, interleaved, until the step ratio's CI is narrower than ``STEP_MARGIN``."""
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     step_ci = fit_ci = (math.nan, math.nan, math.nan)
-    with tempfile.TemporaryDirectory() as tmp, _own_store(Path(args.out or tmp)) as root:
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
         for index in range(max(args.rounds, args.max_rounds)):
             for variant in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:  # no variant always first
                 if variant == "torch":
@@ -191,17 +186,6 @@ def _tokens_per_step() -> int:
     return int(data["batch_size"]) * int(data["block_size"])
 
 
-@contextlib.contextmanager
-def _own_store(root: Path) -> Any:
-    """``root`` created, and the recipe's MLflow store in it unless ``MLFLOW_TRACKING_URI`` names one."""
-    from unittest import mock
-
-    root.mkdir(parents=True, exist_ok=True)
-    with mock.patch.dict(os.environ):
-        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
-        yield root
-
-
 def print_lm(figures: dict[str, Any], console: Console) -> None:
     tokens = figures["tokens_per_step"]
     table = Table(title=f"The GPT recipe ({figures['settings']['steps']} steps, {figures['rounds_run']} "
@@ -228,7 +212,7 @@ def bench_lm_ablation(args: argparse.Namespace, console: Console) -> dict[str, A
     pieces = args.pieces or list(LM_PIECES)
     variants = ["full", *pieces]
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-    with tempfile.TemporaryDirectory() as tmp, _own_store(Path(args.out or tmp)) as root:
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
         for index in range(args.rounds):
             for variant in variants if index % 2 == 0 else variants[::-1]:
                 without = frozenset() if variant == "full" else frozenset({variant})

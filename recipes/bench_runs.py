@@ -165,3 +165,23 @@ def tensors_copy_floor(state: Sequence[torch.Tensor], repeats: int = 5) -> dict[
         del cloned
     return {"copy_s": statistics.median(copies), "clone_s": statistics.median(clones),
             "bytes": float(sum(t.numel() * t.element_size() for t in state)), "pinned": float(cuda)}
+
+
+def from_spec(spec: dict[str, Any]) -> Any:
+    """``{class_path, init_args}`` of a config -> a callable that builds it with the remaining arguments."""
+    import functools
+    import importlib
+
+    module, name = spec["class_path"].rsplit(".", 1)
+    return functools.partial(getattr(importlib.import_module(module), name), **spec.get("init_args", {}))
+
+
+@contextlib.contextmanager
+def own_store(root: Path) -> Any:
+    """``root`` created, and the recipe's MLflow store in it unless ``MLFLOW_TRACKING_URI`` names one."""
+    from unittest import mock
+
+    root.mkdir(parents=True, exist_ok=True)
+    with mock.patch.dict(os.environ):
+        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        yield root
