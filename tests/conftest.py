@@ -58,10 +58,33 @@ def cli_env(workdir: Path, **extra: str) -> dict[str, str]:
         "PYTHONPATH": str(REPO),
         "PYTHONUNBUFFERED": "1",
     })
-    # no OpenMP setting of the suite's: runs use torch's own thread count, as a user's do (a pin would hide
-    # that results must not depend on it; tests/e2e/test_exact_under_load.py runs beside busy cores)
+    env.update(worker_thread_share())
     env.update(extra)
     return env
+
+
+def worker_thread_share() -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for this pytest-xdist worker's processes: its share of the cores, or nothing.
+
+    Alone (no xdist, or one worker) the CLI runs with torch's own thread count, as a user's does. With N
+    workers on C cores every process a worker starts gets C // N threads (at least one), the share Lightning's
+    own DDP launcher gives each rank: torch's default of one spinning thread per core, in two fits side by
+    side, made each step 4-7x slower (41 ms against 10 ms a digits step, measured here with two fits at once),
+    and most of the suite's time went to that. Results do not depend on the count (the CLI holds the count a
+    run started with); tests/e2e/test_exact_under_load.py runs with no pin beside busy cores to prove it.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _worker_threads() -> None:
+    """In-process fits of a pytest-xdist worker use its share of the cores too (``worker_thread_share``)."""
+    share = worker_thread_share()
+    if share:
+        torch.set_num_threads(int(share["OMP_NUM_THREADS"]))
 
 
 def fit_command(*args: str) -> list[str]:

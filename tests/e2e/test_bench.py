@@ -24,9 +24,8 @@ from recipes.bench import (
 )
 from tests.conftest import cli_env
 
-# benchmarks: they time steps and saves, and the contention bench runs its own busy neighbour beside a quiet
-# baseline, so they run alone (.ci/run runs `serial` tests after the others, without pytest-xdist)
-pytestmark = pytest.mark.serial
+# No figure here is a speed goal, so these run beside other tests; the contention bench alone is `serial`: its
+# busy neighbour would hold both cores under the other pytest-xdist worker (.ci/run runs `serial` tests last, alone)
 
 TINY = ["--features", "8", "--hidden", "8", "--layers", "1", "--batch-size", "4"]
 
@@ -142,6 +141,7 @@ def test_overhead_b_and_c_alone_stand_side_by_side(tmp_path: Path) -> None:
     assert "best rounds: c/b = " in text and "StepTiming alone: measured on a trivial model" in text
 
 
+@pytest.mark.serial
 def test_contention_command_json_and_table(tmp_path: Path) -> None:
     result = _bench(tmp_path, "contention", "--rounds", "1", "--steps", "30", "--warmup", "5",
                     "--settings", "1,adaptive", "--json")
