@@ -66,7 +66,7 @@ from typing_extensions import override
 
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.timing import StepTiming
-from recipes import bench_compression, bench_lm
+from recipes import bench_compression, bench_lm, bench_startup
 from recipes.bench_runs import PIECES, Stopwatch, from_spec, own_store, run_full_recipe, tensors_copy_floor
 from recipes.bench_stats import (
     bootstrap_ratio_ci,
@@ -896,6 +896,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench_lm.add_arguments(sub.add_parser(
         "lm", help="the GPT recipe's step and trainer.fit vs plain Lightning's and a plain PyTorch loop's",
         description=bench_lm.__doc__.splitlines()[0] if bench_lm.__doc__ else None, formatter_class=HelpFormatter))
+    bench_startup.add_arguments(sub.add_parser(
+        "startup", help="a launch's time to its first step and to exit, phase by phase (fresh and relaunch)",
+        description=bench_startup.__doc__.splitlines()[0] if bench_startup.__doc__ else None,
+        formatter_class=HelpFormatter))
     fit = sub.add_parser("fit", help="the default digits recipe's trainer.fit vs plain Lightning's, side by side",
                          formatter_class=HelpFormatter,
                          description="trainer.fit of `python -m recipes.fit --config configs/digits.yaml` (in this "
@@ -932,6 +936,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_compression.run(args)
         if args.command == "lm":
             return bench_lm.run(args)
+        if args.command == "startup":
+            return bench_startup.run(args)
         if args.command == "_contention_worker":
             logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
             warnings.filterwarnings("ignore")

@@ -22,6 +22,7 @@ from recipes.bench import (
     print_overhead,
     verdict_at_most,
 )
+from recipes.bench_startup import PHASES, print_startup
 from tests.conftest import cli_env
 
 # No figure here is a speed goal, so these run beside other tests; the contention bench alone is `serial`: its
@@ -156,4 +157,25 @@ def test_contention_command_json_and_table(tmp_path: Path) -> None:
         assert row["ok"] == (row["ratio"] <= 2.0)
     text = _table(print_contention, figures)
     for cell in ("quiet ms", "busy ms", "busy/quiet", "1 thread", "Goal: busy <= 2x quiet"):
+        assert cell in text, cell
+
+
+def test_startup_command_times_a_fresh_launch_and_its_relaunch(tmp_path: Path) -> None:
+    """One round: a fresh launch stopped by a drill after its first step (exit 75), the relaunch that finishes it."""
+    result = _bench(tmp_path, "startup", "--rounds", "1", "--json", "--out", str(tmp_path / "out"))
+    figures = json.loads(result.stdout)
+    assert set(figures) == {"launches", "median", "ci95", "load_average", "settings"}
+    assert [launch["exit_code"] for kind in ("fresh", "relaunch") for launch in figures["launches"][kind]] == [75, 0]
+    for kind in ("fresh", "relaunch"):
+        (launch,) = figures["launches"][kind]
+        assert figures["median"][kind] == {k: v for k, v in launch.items() if k != "exit_code"}
+        assert all(launch[phase] > 0 for phase in PHASES)
+        assert launch["to_first_step"] == pytest.approx(launch["imports"] + launch["cli"] + launch["setup"])
+        assert launch["total"] > launch["to_first_step"] + launch["wrap-up"]
+        assert figures["ci95"][kind]["total"] == [launch["total"], launch["total"]]  # one round: its own figure
+    # the two launches were one run: the relaunch resumed it from the fresh launch's notice checkpoint
+    assert "round 1/1 (fresh)" in result.stderr and "round 1/1 (relaunch)" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "out" / "round0" / "runs" / "digits").iterdir()) == ["startup-0"]
+    text = _table(print_startup, figures)
+    for cell in ("spawn to first step", "end of training to exit", "fresh launch", "relaunch"):
         assert cell in text, cell
