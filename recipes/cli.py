@@ -488,30 +488,32 @@ class AtscaleCLI(LightningCLI):
         ctx = self.context
         logger = self.mlflow_logger()
         monitor = None
+        run_id: str | None = None  # once the MLflow run exists (rank zero): whatever stops the launch ends it
         self._prepare_data()
         if logger is not None and self.trainer.is_global_zero:
             mlflow.set_tracking_uri(ctx.tracking_uri)
             tracking.ensure_experiment(mlflow.MlflowClient(ctx.tracking_uri), ctx.experiment)  # races tolerated
-            client, run_id = logger.experiment, logger.run_id  # creates the run, or reopens a resumed one
-            if ctx.mlflow_run_id:
-                client.update_run(run_id, status="RUNNING")
-            os.environ[ENV_MLFLOW_RUN_ID] = run_id
-            monitor = self._start_system_metrics(run_id, resume=bool(ctx.mlflow_run_id))
-        start = time.monotonic()
         try:
+            if logger is not None and self.trainer.is_global_zero:
+                client, run_id = logger.experiment, logger.run_id  # creates the run, or reopens a resumed one
+                if ctx.mlflow_run_id:
+                    client.update_run(run_id, status="RUNNING")
+                os.environ[ENV_MLFLOW_RUN_ID] = run_id
+                monitor = self._start_system_metrics(run_id, resume=bool(ctx.mlflow_run_id))
+            start = time.monotonic()
             with frozen_setup_objects(), cheap_gpu_checks():
                 # checkpoints may come from a shared bucket: never unpickle code from them
                 self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ctx.ckpt_path,
                                  weights_only=True)
         except BaseException as err:
-            if logger is not None and self.trainer.is_global_zero and logger.run_id:
+            if logger is not None and run_id is not None:
                 # never leave the run RUNNING: a stopped attempt is KILLED (the relaunch continues it)
                 stopped = isinstance(err, (Interrupted, KeyboardInterrupt, SIGTERMException)) or (
                     isinstance(err, Exception) and lost_peer(err) is not None)
                 try:
-                    logger.experiment.set_terminated(logger.run_id, "KILLED" if stopped else "FAILED")
+                    logger.experiment.set_terminated(run_id, "KILLED" if stopped else "FAILED")
                 except Exception as mark_err:  # the store itself may be what failed
-                    log.error("Could not mark MLflow run %s as ended: %s", logger.run_id, mark_err)
+                    log.error("Could not mark MLflow run %s as ended: %s", run_id, mark_err)
             raise
         finally:
             if logger is not None and self.trainer.is_global_zero:

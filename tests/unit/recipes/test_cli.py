@@ -194,3 +194,23 @@ def test_a_further_rank_stopping_in_order_leaves_the_launching_process_alive(sto
     finally:
         launching.kill()
         launching.wait()
+
+
+def test_a_stop_just_after_the_mlflow_run_exists_marks_it_killed(fit_in_process, tmp_path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM between the run's creation and the start of training (a DDP launch killed as its ranks met) left
+    the MLflow run RUNNING while the process exited 75: the relaunch found a run that no one had ended."""
+    import signal
+
+    from recipes.cli import AtscaleCLI, Interrupted
+    from tests.conftest import CONFIGS, FAST, runs_of
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise Interrupted(signal.SIGTERM)  # what the CLI's handler raises on a SIGTERM outside training
+
+    # the system-metrics sampler starts once the run exists, before training: the signal lands there
+    monkeypatch.setattr(AtscaleCLI, "_start_system_metrics", staticmethod(stop))
+    result = fit_in_process("--config", str(CONFIGS / "digits.yaml"), *FAST, "--log_model", "false",
+                            "--run_name", "k")
+    assert result.returncode == 75, result.stderr[-3000:]
+    assert [(r.info.run_name, r.info.status) for r in runs_of(tmp_path, "digits")] == [("k", "KILLED")]
