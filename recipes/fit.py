@@ -87,4 +87,4 @@ def main_then_exit() -> int:
 
 
 if __name__ == "__main__":
-    run_and_exit(main_then_exit)  # a DDP/FSDP rank ends without the interpreter's teardown (recipes.shutdown says why)
+    run_and_exit(main_then_exit)  # ends without the interpreter's teardown (recipes.shutdown says why)

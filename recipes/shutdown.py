@@ -1,12 +1,19 @@
-"""How a training process ends once it has joined a ``torch.distributed`` group.
+"""How a training process ends: with its own exit code, fast, never SIGABRT after a run that succeeded.
 
-:func:`run_and_exit` runs a program's ``main`` and ends the process with its exit code. A process
-that joined a process group then skips the interpreter's finalization, after running everything a
-normal exit runs before it: non-daemon threads joined, ``atexit`` handlers (MLflow's queue, logging,
-temporary directories), standard streams flushed.
+:func:`run_and_exit` runs a program's ``main`` and ends the process with its exit code. It runs
+everything a normal exit runs before the interpreter's finalization (non-daemon threads joined,
+``atexit`` handlers: MLflow's queue, logging, temporary directories; standard streams flushed), then
+skips the finalization itself.
 
-Why: ``destroy_process_group`` unregisters the groups but does not free them while anything still
-holds one, and something always does after a fit: FSDP2's mesh info on every sharded module, DDP's
+Why skip it: after a fit the interpreter holds torch, Lightning and MLflow, and tearing their modules
+and objects down one by one takes seconds (the benchmarks page has the figure), which a spot notice's
+grace period and every relaunch waiting on this process pay for nothing: the kernel frees the memory at
+once. Under a profiler or tracer (``python -m cProfile``, coverage) a process outside a group exits
+normally, so that tool still writes its output at exit.
+
+In a process that joined a ``torch.distributed`` group it is also needed: ``destroy_process_group``
+unregisters the groups but does not free them while anything still holds one, and something always
+does after a fit: FSDP2's mesh info on every sharded module, DDP's
 reducer. The gloo group is then freed during finalization, while its worker threads may still hold
 tensors of the last collectives; releasing those wants the GIL of an interpreter being torn down,
 and the process aborts (SIGABRT, "terminate called without an active exception") after a run that
@@ -88,13 +95,18 @@ def _watch_the_exit(code: int, timeout_s: float) -> None:
     threading.Thread(target=watch, name="exit-watch", daemon=True).start()
 
 
+def _profiled() -> bool:
+    """Whether a profiler or tracer watches this process (it writes its results during a normal exit)."""
+    return sys.getprofile() is not None or sys.gettrace() is not None
+
+
 def exit_process(code: int) -> NoReturn:
-    """End the process with ``code``; past a process group, without the interpreter's finalization.
+    """End the process with ``code``, without the interpreter's finalization (unless profiled, outside a group).
 
     Either way within ``ATSCALE_EXIT_TIMEOUT_S`` (default 120 s): an exit that hangs is ended with ``code``.
     """
     _watch_the_exit(code, _exit_timeout_s())
-    if not joined_a_group():
+    if _profiled() and not joined_a_group():
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(code)

@@ -35,13 +35,28 @@ RANK_SCRIPT = textwrap.dedent("""
         time.sleep(0.3)
         (OUT / f"thread{RANK}").write_text("joined")
 
+    class Finalized:  # the interpreter's finalization (clearing module globals) runs this; os._exit does not
+        def __init__(self, path: str) -> None:
+            # all on the instance: by the time this runs, module globals and builtins may be gone
+            self.path, self.flags, self.os = path, os.O_WRONLY | os.O_CREAT, (os.open, os.write, os.close)
+
+        def __del__(self) -> None:
+            open_, write, close = self.os
+            fd = open_(self.path, self.flags)
+            write(fd, b"yes")
+            close(fd)
+
     def main() -> int:
         print(f"rank {RANK} done", flush=False)  # flushed by the exit, not here
-        if CASE in ("alone", "group of one"):
+        if CASE in ("alone", "group of one", "alone, profiled"):
             if CASE == "group of one":
                 dist.init_process_group("gloo")
             atexit.register(lambda: (OUT / f"atexit{RANK}").write_text("ran"))
             threading.Thread(target=later).start()
+            global FINALIZED
+            FINALIZED = Finalized(str(OUT / f"finalized{RANK}"))
+            if CASE == "alone, profiled":
+                sys.setprofile(lambda *args: None)  # as python -m cProfile watches a program
             return 7
         dist.init_process_group("gloo")
         global HELD
@@ -92,13 +107,15 @@ def test_a_rank_that_fails_exits_1_with_its_traceback(tmp_path: Path) -> None:
         assert "Traceback (most recent call last)" in result.stderr
 
 
-@pytest.mark.parametrize("case", ["group of one", "alone"])
+@pytest.mark.parametrize("case", ["group of one", "alone", "alone, profiled"])
 def test_what_a_normal_exit_runs_first_still_runs(tmp_path: Path, case: str) -> None:
-    """Threads joined, then atexit handlers, then streams flushed: with a group (skipping finalization) or not."""
+    """Threads joined, then atexit handlers, then streams flushed, with a group or without; the finalization
+    after them is skipped (seconds after a fit), except under a profiler, which writes its output there."""
     (result,) = run_pair(tmp_path, case, world_size=1)
     assert (result.returncode, result.stdout) == (7, "rank 0 done\n"), result.stderr
     assert (tmp_path / "thread0").read_text() == "joined"
     assert (tmp_path / "atexit0").read_text() == "ran"
+    assert (tmp_path / "finalized0").exists() == (case == "alone, profiled")
 
 
 HANG_SCRIPT = textwrap.dedent("""
