@@ -11,7 +11,8 @@ from recipes.common import USAGE_EXIT_CODE, ArgumentParser, UsageError, positive
 from tests.conftest import REPO
 
 #: The tools that never train in their own process (scale, plan batch and reproduce train in subprocesses).
-LIGHT_TOOLS = ("compare", "promote", "plan", "plan_batch", "scale", "comm", "reproduce", "common", "tracking")
+LIGHT_TOOLS = ("compare", "promote", "plan", "planning.batch_runs", "planning.batch_report", "scale", "comm",
+               "reproduce", "common", "tracking")
 
 
 @pytest.mark.parametrize("tool", LIGHT_TOOLS)

@@ -29,7 +29,7 @@ def test_the_private_methods_the_recipes_override_keep_their_signatures() -> Non
 def test_mlflow_schema_head_is_the_revision_a_client_leaves_a_new_store_at(tmp_path: Path) -> None:
     import mlflow
 
-    from recipes.chaos import Store
+    from recipes.soak.observe import Store
 
     store = Store(tmp_path / "mlflow.db")
     assert store.client() is None and not store.db.exists(), "the observer must not create the store"

@@ -95,7 +95,7 @@ def test_from_a_run_in_mlflow(tmp_path, monkeypatch, capsys):
 
 
 def test_planner_imports_no_torch():
-    code = ("import sys, recipes.plan, recipes.plan_batch; "
+    code = ("import sys, recipes.plan, recipes.planning.batch_report, recipes.planning.batch_runs; "
             "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

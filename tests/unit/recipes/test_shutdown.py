@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.chaos import EXIT_WATCH_LINE, hung_where
+from recipes.soak.launch import EXIT_WATCH_LINE, hung_where
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[3]
