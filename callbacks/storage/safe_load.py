@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import enum
 import io
 import os
 import pathlib
@@ -105,7 +106,12 @@ def _dcp_globals() -> dict[str, Any]:
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` that resolves only allow-listed globals and no persistent ids."""
+    """``pickle.Unpickler`` that resolves only allow-listed globals and no persistent ids.
+
+    ``builtins.getattr`` resolves to :meth:`_enum_member`: some Python releases (3.11.2, Debian 12's, among
+    them) pickle an enum member as ``getattr(TheEnum, "NAME")``, and a ``.metadata`` holds one
+    (``_MEM_FORMAT_ENCODING``); a real ``getattr`` would reach any attribute of an allowed class.
+    """
 
     def __init__(self, file: IO[bytes], allowed: dict[str, Any]) -> None:
         super().__init__(file)
@@ -113,10 +119,21 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     @override
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return self._enum_member
         try:
             return self._allowed[f"{module}.{name}"]
         except KeyError:
             raise pickle.UnpicklingError(f"names {module}.{name}, which is not an allowed global") from None
+
+    def _enum_member(self, owner: Any, name: Any) -> enum.Enum:
+        """``getattr(owner, name)`` only where it means a member of an allow-listed enum."""
+        allowed_enum = (isinstance(owner, type) and issubclass(owner, enum.Enum)
+                        and any(owner is obj for obj in self._allowed.values()))
+        if not allowed_enum or not isinstance(name, str) or name not in owner.__members__:
+            raise pickle.UnpicklingError(f"names builtins.getattr({getattr(owner, '__qualname__', owner)!r}, "
+                                         f"{name!r}), which is not a member of an allowed enum")
+        return owner.__members__[name]
 
     @override
     def persistent_load(self, pid: Any) -> Any:

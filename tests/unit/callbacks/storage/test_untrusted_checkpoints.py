@@ -18,13 +18,14 @@ These are the in-process cases (the safe reader, the lookups, the bucket fetch, 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import os
 import pickle
 import re
 import subprocess
-from pathlib import Path
+from pathlib import Path, PosixPath
 
 import pytest
 import torch
@@ -76,6 +77,36 @@ def test_real_distributed_checkpoint_loads_through_the_safe_reader(tmp_path: Pat
     exp_avg = expected_optimizer.state_dict()["state"][0]["exp_avg"]
     assert torch.equal(state["optimizer_0"]["state"][0]["exp_avg"], exp_avg)
     assert state["optimizer_0"]["param_groups"][0]["lr"] == 1e-3  # a non-tensor item, through the safe path
+
+
+class _PickledByName:
+    """Pickles as ``getattr(owner, name)``: how Python 3.11.2 (Debian 12's) pickles an enum member."""
+
+    def __init__(self, owner: object, name: str) -> None:
+        self.owner, self.name = owner, name
+
+    def __reduce__(self) -> tuple:
+        return getattr, (self.owner, self.name)
+
+
+def test_an_enum_member_pickled_by_name_loads_and_nothing_else_by_getattr(tmp_path: Path) -> None:
+    """A checkpoint written under Python 3.11.2 names ``builtins.getattr`` for its ``_MEM_FORMAT_ENCODING``: the
+    safe reader refused every FSDP checkpoint written there. The member loads; getattr of anything else does not."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    def load(obj: object) -> object:
+        return safe_load.read_metadata(io.BytesIO(pickle.dumps(obj, protocol=4)), tmp_path / ".metadata")
+
+    member = _PickledByName(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT")
+    assert b"getattr" in pickle.dumps(member, protocol=4)
+    # it loads (as the member; it is no metadata, so the reader stops there)
+    with pytest.raises(safe_load.CheckpointRejected, match="holds a _MEM_FORMAT_ENCODING, not checkpoint metadata"):
+        load(member)
+    for forged, named in [(_PickledByName(_MEM_FORMAT_ENCODING, "__class__"), r"getattr\('_MEM_FORMAT_ENCODING', "
+                                                                              r"'__class__'\), which is not a member"),
+                          (_PickledByName(PosixPath, "home"), r"getattr\('PosixPath', 'home'\)")]:
+        with pytest.raises(safe_load.CheckpointRejected, match=named):
+            load(forged)
 
 
 def test_tampered_metadata_is_refused_by_the_safe_reader(tmp_path: Path, marker: Path) -> None:
