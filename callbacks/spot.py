@@ -30,7 +30,7 @@ key                        meaning
 =========================  ===========================================================
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
-``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/{notices,rng,collectives,compat}.py``,
+``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/{notices,rng,compat}.py``,
 ``analysis/ckpt_interval.py``.
 """
 
@@ -56,7 +56,6 @@ from typing_extensions import override
 from .checkpoint_io import RUN_METADATA_KEY, BoundedAsyncCheckpointIO, mirror_of
 from .storage import ckpt_store
 from .utils import notices
-from .utils.collectives import all_ranks, any_rank
 from .utils.compat import validation_due
 from .utils.rng import restore_rank_rng, rng_state, set_rng_state  # noqa: F401 (tests import it from here)
 
@@ -222,9 +221,9 @@ class SpotCheckpoint(Callback):
         self._poller.start()
 
     def _should_stop(self, trainer: Trainer) -> bool:
-        """Whether any rank has a notice: one all-reduce (max), outside any signal handler."""
+        """Whether any rank has a notice: one all-reduce (Lightning's), outside any signal handler."""
         local = self._flag.is_set()
-        stop = any_rank(local, trainer.strategy.root_device) if trainer.world_size > 1 else local
+        stop = trainer.strategy.reduce_boolean_decision(local, all=False) if trainer.world_size > 1 else local
         if stop and not local:
             self.notify(notices.Notice("peer", "another rank received a notice"))
         return stop
@@ -306,7 +305,7 @@ class SpotCheckpoint(Callback):
             return False
         due = validation_due(trainer)  # Lightning's own decision
         if trainer.world_size > 1:
-            due = all_ranks(bool(due), trainer.strategy.root_device)
+            due = trainer.strategy.reduce_boolean_decision(bool(due), all=True)
         return bool(due)
 
     def _stop_on_notice(self, trainer: Trainer, validate_after: bool = False) -> None:
