@@ -66,3 +66,22 @@ class SignalDuringWrapUp(Callback):
                 _finalize(status)
 
             logger.finalize = signalled_finalize  # type: ignore[method-assign]
+
+
+class RecordThreads(Callback):
+    """Write the process's OpenMP environment and torch's thread count to ``path`` (JSON) when training starts.
+
+    Args:
+        path: the JSON file to write.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        import json
+
+        import torch
+
+        self.path.write_text(json.dumps({"threads": torch.get_num_threads(),
+                                         **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}}))

@@ -1,11 +1,17 @@
-"""recipes.fit's CPU thread defaults: the environment set before torch starts (no training)."""
+"""recipes.fit's CPU thread defaults: the environment set before torch starts (one end-to-end launch checks it)."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from recipes.cli import UsageError, apply_cpu_threads
 from recipes.fit import cpu_thread_env, cpu_threads_setting
+from tests.conftest import CONFIGS, FAST, REPO, cli_env, run_fit
 
 
 def test_setting_from_the_command_line() -> None:
@@ -39,3 +45,22 @@ def test_cli_checks_and_applies_the_count(monkeypatch: pytest.MonkeyPatch) -> No
     for bad in ("0", "two", "-1"):
         with pytest.raises(UsageError, match="--cpu_threads"):
             apply_cpu_threads(bad)
+
+
+def test_importing_the_entry_point_changes_no_environment() -> None:
+    """Only ``python -m recipes.fit`` exports OpenMP's settings; an import (a test, a tool) leaves os.environ be."""
+    code = ("import os, sys; sys.argv = ['x', '--cpu_threads', '3']; before = dict(os.environ); import recipes.fit; "
+            "print(dict(os.environ) == before)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+@pytest.mark.e2e
+def test_a_count_on_the_command_line_reaches_openmp_before_torch_starts(tmp_path: Path) -> None:
+    """``--cpu_threads 3``: OMP_NUM_THREADS=3 and sleeping waits in the process's environment, torch at 3 threads."""
+    record = tmp_path / "threads.json"
+    callback = json.dumps({"class_path": "tests.faults.RecordThreads", "init_args": {"path": str(record)}})
+    env = {k: v for k, v in cli_env(tmp_path).items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    run_fit(tmp_path, "--config", str(CONFIGS / "digits.yaml"), *FAST, "--trainer.max_steps", "1", "--log_model",
+            "false", "--cpu_threads", "3", f"--trainer.callbacks+={callback}", env=env, check=True)
+    assert json.loads(record.read_text()) == {"threads": 3, "OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "PASSIVE"}
