@@ -178,9 +178,10 @@ def cheap_gpu_checks() -> Iterator[None]:
 
     Every ``optimizer.step()`` asks (``torch.accelerator.current_accelerator(check_available=True)``, for CUDA
     graph capture). With a CUDA build of torch and Lightning's NVML check, a CPU run never initialises CUDA, so
-    each step loads the NVML library anew and fails to find a GPU: 37 us a step here, 0.6 % of the digits
-    recipe's. Without a GPU there is no CUDA state a forked worker could inherit, so the NVML route protects
-    nothing; with one, nothing changes. The variable is restored on exit.
+    each step loads the NVML library anew and fails to find a GPU (tens of microseconds a step: the benchmarks
+    page, "The digits fit against plain Lightning", has the figure). Without a GPU there is no CUDA state a
+    forked worker could inherit, so the NVML route protects nothing; with one, nothing changes. The variable
+    is restored on exit.
     """
     saved = os.environ.get(NVML_CHECK_ENV)
     if saved is None or torch.cuda.device_count() > 0:
