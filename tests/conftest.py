@@ -68,10 +68,10 @@ def worker_thread_share() -> dict[str, str]:
 
     Alone (no xdist, or one worker) the CLI runs with torch's own thread count, as a user's does. With N
     workers on C cores every process a worker starts gets C // N threads (at least one), the share Lightning's
-    own DDP launcher gives each rank: torch's default of one spinning thread per core, in two fits side by
-    side, made each step 4-7x slower (41 ms against 10 ms a digits step, measured here with two fits at once),
-    and most of the suite's time went to that. Results do not depend on the count (the CLI holds the count a
-    run started with); tests/e2e/test_exact_under_load.py runs with no pin beside busy cores to prove it.
+    own DDP launcher gives each rank: with torch's default of one spinning thread per core, two fits side by
+    side each ran their steps about 4x slower than with one thread each (docs/development.md). Results do not
+    depend on the count (the CLI holds the count a run started with); tests/e2e/test_exact_under_load.py runs
+    with no pin beside busy cores to prove it.
     """
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1:

@@ -1,7 +1,7 @@
 """The README's commands, run in order as a newcomer would, on a fresh run root.
 
 Each command is taken from the README verbatim (the test fails if the README no longer has it),
-with the short settings the README's Tests section names appended (fewer epochs or steps), and
+with the short settings docs/development.md names appended (fewer epochs or steps), and
 placeholders (``<run>``, ``<run id or run dir>``) filled from the runs made before. For every command:
 the documented exit code, no traceback, no line repeated more than twice, no path cut with ``…``,
 and at most ``WARNING_BUDGET`` warning lines.
