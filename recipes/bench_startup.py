@@ -48,6 +48,8 @@ REPO = Path(__file__).resolve().parent.parent
 PHASES = ("imports", "cli", "setup", "wrap-up")
 #: Libraries whose first import ``--imports`` reports (everything else is "the rest").
 LIBRARIES = ("torch", "lightning", "mlflow")
+#: What a launch imports before it parses its configuration (``recipes.fit`` imports it inside ``main``).
+LAUNCH_IMPORTS = "recipes.cli"
 #: Set by the parent: where :class:`StartupStamps` writes its clock readings.
 STAMPS_ENV = "ATSCALE_BENCH_STAMPS"
 
@@ -67,7 +69,8 @@ class StartupStamps(Callback):
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self.stamps.setdefault("first_step", time.time())
+        if "first_step" not in self.stamps:  # the first batch only: no clock read on every later step
+            self.stamps["first_step"] = time.time()
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -119,19 +122,19 @@ def import_breakdown(importtime_stderr: str) -> dict[str, float]:
         match = re.match(r"import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)", line)
         if match:
             rows.append((int(match.group(2)) / 1e6, len(match.group(3)), match.group(4)))
-    # the output lists a module after everything it imported: a row's ancestors are the shallower rows after it
+    def library_of(name: str) -> str | None:
+        return next((lib for lib in LIBRARIES if name == lib or name.startswith(lib + ".")), None)
+
+    # the output lists a module after everything it imported: read backwards, a row's ancestors are the stack
     out = dict.fromkeys(LIBRARIES, 0.0)
-    for index, (cumulative, depth, name) in enumerate(rows):
-        library = next((lib for lib in LIBRARIES if name == lib or name.startswith(lib + ".")), None)
-        if library is None:
-            continue
-        ancestors, shallowest = [], depth
-        for _, later_depth, later_name in rows[index + 1:]:
-            if later_depth < shallowest:
-                ancestors.append(later_name)
-                shallowest = later_depth
-        if not any(a == lib or a.startswith(lib + ".") for a in ancestors for lib in LIBRARIES):
+    ancestors: list[tuple[int, str | None]] = []  # (depth, library of that row)
+    for cumulative, depth, name in reversed(rows):
+        while ancestors and ancestors[-1][0] >= depth:
+            ancestors.pop()
+        library = library_of(name)
+        if library is not None and not any(lib is not None for _, lib in ancestors):
             out[library] += cumulative
+        ancestors.append((depth, library))
     total = sum(cumulative for cumulative, depth, _ in rows if depth == 0)
     out["rest"] = total - sum(out[lib] for lib in LIBRARIES)
     out["total"] = total
@@ -184,7 +187,7 @@ def bench_startup(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             figures["median"][kind][key] = statistics.median(values)
             figures["ci95"][kind][key] = bootstrap_ci(len(values), lambda picks, v=values: float(np.median(v[picks])))
     if args.imports:
-        result = subprocess.run([sys.executable, "-X", "importtime", "-c", "import recipes.fit"], cwd=REPO,
+        result = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {LAUNCH_IMPORTS}"], cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                                 check=True)
         figures["imports"] = import_breakdown(result.stderr)
@@ -212,7 +215,7 @@ def print_startup(figures: dict[str, Any], console: Console) -> None:
     if "imports" in figures:
         imports = figures["imports"]
         parts = ", ".join(f"{lib} {imports[lib]:.2f} s" for lib in (*LIBRARIES, "rest") if lib in imports)
-        console.print(f"import recipes.fit: {imports['total']:.2f} s ({parts}; first import of each)",
+        console.print(f"import {LAUNCH_IMPORTS}: {imports['total']:.2f} s ({parts}; first import of each)",
                       highlight=False)
     console.print(f"load average at the end {', '.join(f'{v:.2f}' for v in figures['load_average'])}",
                   highlight=False)

@@ -162,9 +162,13 @@ def test_contention_command_json_and_table(tmp_path: Path) -> None:
 
 def test_startup_command_times_a_fresh_launch_and_its_relaunch(tmp_path: Path) -> None:
     """One round: a fresh launch stopped by a drill after its first step (exit 75), the relaunch that finishes it."""
-    result = _bench(tmp_path, "startup", "--rounds", "1", "--json", "--out", str(tmp_path / "out"))
+    result = _bench(tmp_path, "startup", "--rounds", "1", "--imports", "--json", "--out", str(tmp_path / "out"))
     figures = json.loads(result.stdout)
-    assert set(figures) == {"launches", "median", "ci95", "load_average", "settings"}
+    assert set(figures) == {"launches", "median", "ci95", "load_average", "settings", "imports"}
+    # what a launch imports before its parse: each library is there, and they and the rest add up to the total
+    imports = figures["imports"]
+    assert all(imports[lib] > 0 for lib in ("torch", "lightning", "mlflow"))
+    assert imports["total"] == pytest.approx(sum(imports[k] for k in ("torch", "lightning", "mlflow", "rest")))
     assert [launch["exit_code"] for kind in ("fresh", "relaunch") for launch in figures["launches"][kind]] == [75, 0]
     for kind in ("fresh", "relaunch"):
         (launch,) = figures["launches"][kind]
