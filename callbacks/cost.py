@@ -36,7 +36,7 @@ the recent speed measured over the last logging window (wall time, so validation
 and the remaining steps from ``trainer.estimated_stepping_batches`` (``max_steps`` or
 ``max_epochs`` x batches per epoch / accumulation). Prices come from the catalog
 (``callbacks/analysis/prices.yaml``, see :mod:`callbacks.analysis.prices`); the arithmetic from
-:mod:`callbacks.analysis.cost`.
+:mod:`callbacks.analysis.cost_model`.
 
 Logged metrics (rank 0; every ``log_every_n_steps`` optimizer steps, at train start after a resume
 and at train end):
@@ -57,7 +57,7 @@ key                         meaning
 ==========================  =====================================================================
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{cost,prices}.py``, ``analysis/prices.yaml`` and ``utils/steps_file.py``.
+``analysis/{cost_model,prices}.py``, ``analysis/prices.yaml`` and ``utils/steps_file.py``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from .analysis.cost import run_cost, savings_pct
+from .analysis.cost_model import run_cost, savings_pct
 from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from .utils.steps_file import PROGRESS_FILE, StepsFile, read_steps_run
 

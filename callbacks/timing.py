@@ -30,7 +30,7 @@ callback only observes (bytes on the wire included).
 
 Serial fraction: ``(data wait + exposed comm + optimizer + checkpoint per step) / (step + checkpoint
 per step)``, the parts that do not shrink with more data-parallel devices, turned into Amdahl's ``s``
-of one device's time and its predicted speedups (:mod:`callbacks.analysis.timing`).
+of one device's time and its predicted speedups (:mod:`callbacks.analysis.step_time`).
 
 Clocks: CUDA events on GPU (resolved once per logging window), ``time.perf_counter`` on CPU. Cost per
 step: a handful of clock reads and list appends (``python -m recipes.bench overhead`` measures it).
@@ -72,7 +72,7 @@ directory's parent, else ``trainer.default_root_dir``) and to the MLflow run, an
 :meth:`StepTiming.summary_rows` gives rows for the CLI's end table.
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{timing,scaling,comm}.py``, ``utils/{comm_timer,comm_hooks,profiler,timing_report}.py``
+``analysis/{step_time,scaling,comm_model}.py``, ``utils/{comm_timer,comm_hooks,profiler,timing_report}.py``
 (and ``compression.py`` for the deprecated ``comm_hook`` argument).
 """
 
@@ -90,7 +90,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from .analysis.timing import (
+from .analysis.scaling import amdahl_speedup
+from .analysis.step_time import (
     PARTS,
     SERIAL_PARTS,
     amdahl_predictions,
@@ -100,7 +101,7 @@ from .analysis.timing import (
     union_length,
 )
 from .utils.comm_timer import CALIBRATION_SIZES, CommTimer
-from .utils.timing_report import plot_breakdown, summary_rows
+from .utils.timing_report import LABELS, plot_breakdown
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -269,7 +270,7 @@ class StepTiming(Callback):
 
     @property
     def link(self) -> Any:
-        """The calibrated all-reduce model (:class:`callbacks.analysis.comm.LinkModel`) or None."""
+        """The calibrated all-reduce model (:class:`callbacks.analysis.comm_model.LinkModel`) or None."""
         return self.comm.link
 
     @property
@@ -583,7 +584,48 @@ class StepTiming(Callback):
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """Rows for the CLI's end table: the mean step and its parts, events, comm, serial fraction."""
-        return summary_rows(self)
+        means = self.mean_parts()
+        if not means:
+            return [("time/step", f"no step measured after the {self.warmup_steps} warm-up steps")]
+        step = sum(means[p] for p in PARTS)
+        rate = self.samples * self.world_size / (step * self.steps) if step > 0 else 0.0
+        rows = [("time/step", f"{step * 1e3:.2f} ms mean over {self.steps} steps, {rate:,.0f} samples/s")]
+        for part in PARTS:
+            share = means[part] / step if step > 0 else 0.0
+            text = f"{means[part] * 1e3:.2f} ms ({share:.1%})"
+            if part == "comm_exposed" and self.comm_mode != "ddp":
+                text = ("none (one process)" if self.world_size == 1 else
+                        "not measured (FSDP: inside backward)" if self.comm_mode == "fsdp" else "not measured")
+            rows.append((f"  {LABELS[part]}", text))
+        if self.checkpoints:
+            rows.append(("  checkpoint", f"{self.checkpoints} x {self.checkpoint_s / self.checkpoints:.3f} s "
+                                         f"(loop stall; {self.checkpoint_s / self.steps * 1e3:.2f} ms per step)"))
+        if self.validations:
+            rows.append(("  validation", f"{self.validations} x {self.validation_s / self.validations:.3f} s"))
+        if self.comm_mode == "ddp":
+            text = (f"{self.comm.summary_name()}, {means['hook_calls']:.0f} bucket(s), "
+                    f"{means['bytes'] / 1e6:.3f} MB/step, "
+                    f"{means['comm'] * 1e3:.2f} ms/step in flight, {means['comm_exposed'] * 1e3:.2f} ms exposed")
+            if self.link is not None:
+                gbps = self.link.bandwidth_bytes_per_s * 8 / 1e9
+                text += (f"; model {means['comm_predicted'] * 1e3:.2f} ms "
+                         f"(B {gbps:.2f} Gbit/s, a {self.link.latency_s * 1e6:.1f} us)")
+            rows.append(("comm", text))
+        elif self.comm_mode == "fsdp":
+            measured = (f"{sum(self.fsdp_collective_s) / len(self.fsdp_collective_s) * 1e3:.2f} ms collectives/step "
+                        f"(torch.profiler, {len(self.fsdp_collective_s)} sampled steps)"
+                        if self.fsdp_collective_s else "no step profiled")
+            rows.append(("comm (FSDP)", f"{measured}; NOT measured under FSDP: exposed comm (counted as backward), "
+                                        "bytes per step, model prediction"))
+        share = serial_fraction(means, self.checkpoint_s / self.steps)
+        s = amdahl_serial_fraction(share, self.world_size)
+        preds = ", ".join(f"x{amdahl_speedup(n, s):.2f} at N={n}" for n in (2, 4, 8))
+        ceiling = "inf" if s == 0 else f"{1 / s:.1f}"
+        where = "" if self.world_size == 1 else f" (serial share {share:.3f} of a step on {self.world_size} devices)"
+        rows.append(("amdahl/serial_fraction", f"{s:.3f}{where} -> speedup {preds} (ceiling x{ceiling})"))
+        if self.plot_path is not None:
+            rows.append(("time breakdown", str(self.plot_path)))
+        return rows
 
     # ------------------------------------------------------------------ state
     @override

@@ -1,6 +1,6 @@
 """Predict gradient all-reduce time per step, and what fp16 or PowerSGD compression would save.
 
-Uses the ring all-reduce model of :mod:`callbacks.analysis.comm`,
+Uses the ring all-reduce model of :mod:`callbacks.analysis.comm_model`,
 ``T = 2(N-1)/N * S/B + 2(N-1)*a`` with ``S = params x bytes per param``, to answer before
 renting N machines how long each step's gradient sync will take on a given network::
 
@@ -26,8 +26,8 @@ import math
 import sys
 from collections.abc import Sequence
 
-from callbacks.analysis.comm import bytes_per_element, compression_table, gbps_to_bytes_per_s
-from recipes.common import ArgumentParser, UsageError, positive_ints
+from callbacks.analysis.comm_model import bytes_per_element, compression_table, gbps_to_bytes_per_s
+from recipes.run.common import ArgumentParser, UsageError, positive_ints
 
 PROG = "python -m recipes.comm"
 

@@ -36,7 +36,7 @@ from typing import Any
 import mlflow
 from mlflow.entities import Run, ViewType
 
-from recipes.common import (
+from recipes.run.common import (
     COST_KEY,
     LINEAR_BASELINE_KEY,
     UsageError,

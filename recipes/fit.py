@@ -66,7 +66,7 @@ def cpu_thread_env(setting: str, env: Mapping[str, str]) -> dict[str, str]:
 
 
 def main(args: list[str] | None = None) -> int:
-    from recipes.cli import run_cli  # here, not at the top: `python -m recipes.fit` sets OpenMP's environment first
+    from recipes.run.cli import run_cli  # here, not at the top: `python -m recipes.fit` sets OpenMP's environment first
 
     return run_cli(args)
 
@@ -77,7 +77,7 @@ def main_then_exit() -> int:
     Once ``run_cli`` returned, the run is recorded; a SIGTERM or SIGINT now raised inside the exit handlers
     (MLflow's flush) or, after the interpreter put the default action back, ended a complete run with -15.
     """
-    from recipes.cli import ignore_stop_signals
+    from recipes.run.process import ignore_stop_signals
 
     code = main()
     ignore_stop_signals()
@@ -87,6 +87,6 @@ def main_then_exit() -> int:
 if __name__ == "__main__":
     # before torch (and its OpenMP runtime) is imported; only as a program: importing this module changes nothing
     os.environ.update(cpu_thread_env(cpu_threads_setting(sys.argv[1:]), os.environ))
-    from recipes.shutdown import run_and_exit
+    from recipes.run.shutdown import run_and_exit
 
-    run_and_exit(main_then_exit)  # ends without the interpreter's teardown (recipes.shutdown says why)
+    run_and_exit(main_then_exit)  # ends without the interpreter's teardown (recipes.run.shutdown says why)

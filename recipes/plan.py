@@ -13,7 +13,7 @@ a deadline and the fastest that fits a budget. The model:
   with its source), any interruption stops the synchronous job, so its MTBF is
   ``M = 1 / (instances x -ln(1 - p) / period)``;
 * a checkpoint every Daly-optimal interval (save cost ``--save-cost-s``), ``--restart-s`` per restart,
-  and the exact expected wall time of Daly's exponential model (see ``callbacks/analysis/cost.py``);
+  and the exact expected wall time of Daly's exponential model (see ``callbacks/analysis/cost_model.py``);
   every instance is billed for the whole expected wall time. A job shorter than that interval needs
   no periodic checkpoint, and the table says so.
 
@@ -113,9 +113,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from callbacks.analysis.batch_size import StepTimeModel, fit_step_time, plan_batches, s_min_from_reference
-from callbacks.analysis.comm import gbps_to_bytes_per_s, ring_allreduce_time
+from callbacks.analysis.comm_model import gbps_to_bytes_per_s, ring_allreduce_time
 from callbacks.analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
-from recipes.common import SERIAL_KEY, ArgumentParser, UsageError, human_duration, positive_ints
 from recipes.planning.batch_report import print_plan, print_validation
 from recipes.planning.batch_runs import B_NOISE_KEY, BATCH_PARAM, STEP_MEAN_KEY, read_run, store_client
 from recipes.planning.batch_train import sweep_step_times, validate
@@ -130,6 +129,7 @@ from recipes.planning.runs import (
     resolve_run,
     tracking_client,
 )
+from recipes.run.common import SERIAL_KEY, ArgumentParser, UsageError, human_duration, positive_ints
 
 __all__ = [
     "DEFAULT_DEVICES",

@@ -36,8 +36,8 @@ import mlflow
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 
-from recipes.common import USAGE_EXIT_CODE, UsageError, check_tracking_server, get_experiment, tracking_uri
 from recipes.compare import baselines_for
+from recipes.run.common import USAGE_EXIT_CODE, UsageError, check_tracking_server, get_experiment, tracking_uri
 
 __all__ = ["Promotion", "Refused", "best_run", "check_baseline", "check_baseline_kind", "find_sweep",
            "logged_model_uri", "main", "promote", "runs_with_metric", "sweep_trials"]

@@ -51,7 +51,7 @@ import yaml
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
-from recipes.common import (
+from recipes.run.common import (
     ENV_FROM_PARENT,
     ENV_RUN_TAGS,
     REPRODUCES_TAG,
@@ -187,7 +187,8 @@ def parse_record(config: dict[str, Any]) -> Any:
     Raises:
         UsageError: the parser refuses the record (the key and value it names).
     """
-    from recipes.cli import AtscaleCLI, parse_error_message  # torch and Lightning: only for a record being used
+    from recipes.run.cli import AtscaleCLI
+    from recipes.run.errors import parse_error_message  # torch and Lightning: only for a record being used
 
     class _RecordParser(AtscaleCLI):
         def before_instantiate_classes(self) -> None:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recipes.common import USAGE_EXIT_CODE
+from recipes.run.common import USAGE_EXIT_CODE
 
 if TYPE_CHECKING:
     from recipes.gpt import GPT

@@ -60,7 +60,7 @@ from callbacks.analysis.scaling import (
     usl_speedup,
 )
 from callbacks.storage.remote_store import StoreError, check_writable, is_remote
-from recipes.common import (
+from recipes.run.common import (
     ENV_PARENT_RUN_ID,
     SERIAL_KEY,
     STEP_KEY,

@@ -46,7 +46,7 @@ import re
 import sys
 from pathlib import Path
 
-from recipes.common import ArgumentParser, HelpFormatter, UsageError, check_tracking_server, run_main, tracking_uri
+from recipes.run.common import ArgumentParser, HelpFormatter, UsageError, check_tracking_server, run_main, tracking_uri
 
 PROG = "python -m recipes.sweep"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

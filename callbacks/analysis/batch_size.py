@@ -15,7 +15,7 @@ steps hardly fall and the examples (compute) grow. Doubling ``B`` cuts the steps
 Wall time to the loss is ``S(B) x t(B, N)``: the step time of global batch ``B`` on ``N``
 data-parallel devices, ``t(B, N) = t_1(B / N) + c(N)`` with ``t_1`` the measured step time of one device
 at its per-device batch (:class:`StepTimeModel`, fitted to a few measured points) and ``c(N)`` the
-gradient communication per step (0 on one device; :func:`callbacks.analysis.comm.ring_allreduce_time` or
+gradient communication per step (0 on one device; :func:`callbacks.analysis.comm_model.ring_allreduce_time` or
 a measurement). Dollars are wall hours x instances x the instance's price per hour.
 
 With a linear step time ``t(B) = t0 + c B`` on one device, wall time

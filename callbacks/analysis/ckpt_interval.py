@@ -132,7 +132,7 @@ def expected_overhead(interval_s: float, save_cost_s: float, mtbf_s: float, rest
     of work lost per interruption, and a restart of ``R`` per interruption, with ``1/M``
     interruptions per second. At Young's optimum ``t = sqrt(2dM)`` the first two terms are equal and it
     is ``sqrt(2d/M) + R/M``. Valid while ``t`` and ``d`` are small against ``M``; for the exact
-    expected time use :func:`callbacks.analysis.cost.expected_wall_time`.
+    expected time use :func:`callbacks.analysis.cost_model.expected_wall_time`.
 
     Args:
         interval_s: Work between checkpoints ``t``, in seconds (> 0; ``math.inf``: never save).

@@ -5,7 +5,7 @@ records, for each bucket, the call of its hook, the completion of its future (``
 bucket's bytes and the bytes the base hook put on the wire (compression sends fewer). DDP calls a
 bucket's hook as soon as its gradients are ready, so the *last* call marks the end of the backward's
 compute; what is still in flight after it is the *exposed* communication. The ring all-reduce model
-(:mod:`callbacks.analysis.comm`) is calibrated on the real process group at train start
+(:mod:`callbacks.analysis.comm_model`) is calibrated on the real process group at train start
 (``measure_allreduce`` over 4 KiB-16 MiB, well under a second) and predicts each step's
 communication from the bytes sent (one all-reduce per bucket; PowerSGD's two or three all-reduces per
 bucket count as one, so its prediction is optimistic by their latency).
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.distributed as dist
 
-from ..analysis.comm import LinkModel, calibrate, measure_allreduce
+from ..analysis.comm_model import LinkModel, calibrate, measure_allreduce
 from .comm_hooks import add_comm_hook_wrapper, wire_bytes
 from .profiler import quiet_cpu_profiler
 

@@ -1,17 +1,12 @@
-"""What StepTiming shows at the end of a run: the summary table's rows and ``time_breakdown.png``."""
+"""StepTiming's picture at the end of a run: ``time_breakdown.png``, and the labels its table shares."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..analysis.scaling import amdahl_speedup
-from ..analysis.timing import PARTS, amdahl_serial_fraction, serial_fraction
+from ..analysis.step_time import PARTS
 
-if TYPE_CHECKING:
-    from ..timing import StepTiming
-
-__all__ = ["COLORS", "LABELS", "plot_breakdown", "summary_rows"]
+__all__ = ["COLORS", "LABELS", "plot_breakdown"]
 
 #: Row and legend labels of the parts of a step (and of the checkpoint stall).
 LABELS = {"data": "data wait", "forward": "forward", "backward": "backward compute",
@@ -64,49 +59,3 @@ def plot_breakdown(path: Path, windows: list[tuple[int, dict[str, float]]], mean
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path
-
-
-def summary_rows(timing: StepTiming) -> list[tuple[str, str]]:
-    """Rows for the CLI's end table: the mean step and its parts, events, comm, serial fraction."""
-    means = timing.mean_parts()
-    if not means:
-        return [("time/step", f"no step measured after the {timing.warmup_steps} warm-up steps")]
-    step = sum(means[p] for p in PARTS)
-    rate = timing.samples * timing.world_size / (step * timing.steps) if step > 0 else 0.0
-    rows = [("time/step", f"{step * 1e3:.2f} ms mean over {timing.steps} steps, {rate:,.0f} samples/s")]
-    for part in PARTS:
-        share = means[part] / step if step > 0 else 0.0
-        text = f"{means[part] * 1e3:.2f} ms ({share:.1%})"
-        if part == "comm_exposed" and timing.comm_mode != "ddp":
-            text = ("none (one process)" if timing.world_size == 1 else
-                    "not measured (FSDP: inside backward)" if timing.comm_mode == "fsdp" else "not measured")
-        rows.append((f"  {LABELS[part]}", text))
-    if timing.checkpoints:
-        rows.append(("  checkpoint", f"{timing.checkpoints} x {timing.checkpoint_s / timing.checkpoints:.3f} s "
-                                     f"(loop stall; {timing.checkpoint_s / timing.steps * 1e3:.2f} ms per step)"))
-    if timing.validations:
-        rows.append(("  validation", f"{timing.validations} x {timing.validation_s / timing.validations:.3f} s"))
-    if timing.comm_mode == "ddp":
-        text = (f"{timing.comm.summary_name()}, {means['hook_calls']:.0f} bucket(s), "
-                f"{means['bytes'] / 1e6:.3f} MB/step, "
-                f"{means['comm'] * 1e3:.2f} ms/step in flight, {means['comm_exposed'] * 1e3:.2f} ms exposed")
-        if timing.link is not None:
-            gbps = timing.link.bandwidth_bytes_per_s * 8 / 1e9
-            text += (f"; model {means['comm_predicted'] * 1e3:.2f} ms "
-                     f"(B {gbps:.2f} Gbit/s, a {timing.link.latency_s * 1e6:.1f} us)")
-        rows.append(("comm", text))
-    elif timing.comm_mode == "fsdp":
-        measured = (f"{sum(timing.fsdp_collective_s) / len(timing.fsdp_collective_s) * 1e3:.2f} ms collectives/step "
-                    f"(torch.profiler, {len(timing.fsdp_collective_s)} sampled steps)"
-                    if timing.fsdp_collective_s else "no step profiled")
-        rows.append(("comm (FSDP)", f"{measured}; NOT measured under FSDP: exposed comm (counted as backward), "
-                                    "bytes per step, model prediction"))
-    share = serial_fraction(means, timing.checkpoint_s / timing.steps)
-    s = amdahl_serial_fraction(share, timing.world_size)
-    preds = ", ".join(f"x{amdahl_speedup(n, s):.2f} at N={n}" for n in (2, 4, 8))
-    ceiling = "inf" if s == 0 else f"{1 / s:.1f}"
-    where = "" if timing.world_size == 1 else f" (serial share {share:.3f} of a step on {timing.world_size} devices)"
-    rows.append(("amdahl/serial_fraction", f"{s:.3f}{where} -> speedup {preds} (ceiling x{ceiling})"))
-    if timing.plot_path is not None:
-        rows.append(("time breakdown", str(timing.plot_path)))
-    return rows

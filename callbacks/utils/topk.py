@@ -11,7 +11,7 @@ Values (fp32) and indices (int32, carried bit-for-bit in the same fp32 tensor) t
 ``all_gather``, a collective gloo and NCCL both have; each rank puts ``8 k`` bytes on the wire per bucket
 against ``4 x numel`` for a dense fp32 all-reduce, but an all-gather delivers every rank's part to every
 rank, so its traffic grows with the world size where a ring all-reduce's does not
-(:func:`callbacks.analysis.comm.topk_allgather_time`).
+(:func:`callbacks.analysis.comm_model.topk_allgather_time`).
 
 With ``ratio = 1`` every entry is sent and the result equals the dense mean all-reduce (bitwise on two
 ranks: halving is exact, and the two halves are added in one order). The residuals are per parameter;

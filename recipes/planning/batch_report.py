@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from callbacks.analysis.batch_size import DIMINISHING_FACTOR
-from recipes.common import human_duration
+from recipes.run.common import human_duration
 
 if TYPE_CHECKING:
     from callbacks.analysis.batch_size import BatchPlan, StepTimeModel

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recipes.common import STEP_KEY, UsageError, tracking_uri
+from recipes.run.common import STEP_KEY, UsageError, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks.analysis.batch_size import fit_step_time, s_min_from_reference, steps_to_target
-from recipes.common import UsageError, tracking_uri
 from recipes.planning.batch_runs import B_NOISE_KEY, STEP_MEAN_KEY, Reference, measured_steps_to, read_run
+from recipes.run.common import UsageError, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from callbacks.analysis.ckpt_interval import daly_interval, mtbf_from_rate
-from callbacks.analysis.cost import expected_run
+from callbacks.analysis.cost_model import expected_run
 from callbacks.analysis.prices import MARKETS, Instance, price_for
 from callbacks.analysis.scaling import amdahl_speedup, usl_speedup
-from recipes.common import human_duration
+from recipes.run.common import human_duration
 
 __all__ = ["DEFAULT_DEVICES", "PlanInputs", "PlanResult", "PlanRow", "law_speedup", "money", "plan", "usd"]
 

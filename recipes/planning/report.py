@@ -13,8 +13,8 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from recipes.common import human_duration
 from recipes.planning.model import PlanResult, PlanRow, money, usd
+from recipes.run.common import human_duration
 
 __all__ = ["PICK_NAMES", "print_table", "rich_console", "to_json"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from callbacks.analysis.prices import Instance
 from callbacks.storage import ckpt_store
-from recipes.common import SERIAL_KEY, tracking_uri
+from recipes.run.common import SERIAL_KEY, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

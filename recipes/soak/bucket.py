@@ -1,4 +1,4 @@
-"""The ``--store s3`` bucket: moto's S3 server on loopback behind a TCP proxy the soak can take down.
+"""The ``--store s3`` bucket: moto's S3 server (a thread) on loopback behind a TCP proxy the soak can take down.
 
 The launches reach the bucket only through the proxy, so that a ``bucket_outage`` fault fails their requests
 (connections reset, or ``503``) while moto keeps its objects; the soak reads the bucket straight from moto to
@@ -8,19 +8,18 @@ check what the launches left there (the pointer, the records, the objects' sizes
 from __future__ import annotations
 
 import json
-import os
 import select
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from callbacks.storage import ckpt_store
+
+if TYPE_CHECKING:
+    from moto.server import ThreadedMotoServer
 
 
 class Bucket:
@@ -40,13 +39,14 @@ class Bucket:
 
     def __init__(self, log: Path) -> None:
         self.log = log
-        self.server: subprocess.Popen | None = None
+        self.server: ThreadedMotoServer | None = None
         self.direct = ""
         self.endpoint = ""
         self.mode = "up"
         self.outages: list[list[Any]] = []  # [mode, seconds] of every outage so far
         self._listener: socket.socket | None = None
         self._fs: Any = None
+        self._request_log: Any = None
 
     def env(self) -> dict[str, str]:
         """What a launch needs to reach the bucket (through the proxy) with the standard AWS variables only."""
@@ -57,29 +57,20 @@ class Bucket:
         return "/".join([f"s3://{self.NAME}", *parts])
 
     def start(self) -> None:
-        """Start moto on a free port, create the bucket, open the proxy."""
-        import urllib.request
+        """Start moto on a free port (a thread of this process), create the bucket, open the proxy."""
+        import logging
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        from moto.server import ThreadedMotoServer
+
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MLFLOW_"))}
-        with open(self.log, "ab") as out:
-            self.server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                           env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
-        self.direct = f"http://127.0.0.1:{port}"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with opener.open(f"{self.direct}/moto-api/", timeout=2):
-                    break
-            except OSError:
-                if self.server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's S3 server did not start; see {self.log}") from None
-                time.sleep(0.2)
+        requests = logging.getLogger("werkzeug")  # moto's request lines: to the log, not the soak's console
+        self._request_log = logging.FileHandler(self.log)
+        requests.addHandler(self._request_log)
+        requests.setLevel(logging.INFO)
+        requests.propagate = False
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        self.direct = "http://{}:{}".format(*self.server.get_host_and_port())
         self.fs().call_s3("create_bucket", Bucket=self.NAME)
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -92,13 +83,15 @@ class Bucket:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        if self.server is not None and self.server.poll() is None:
-            os.killpg(self.server.pid, signal.SIGTERM)
-            try:
-                self.server.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.server.pid, signal.SIGKILL)
-                self.server.wait(10)
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        if self._request_log is not None:
+            import logging
+
+            logging.getLogger("werkzeug").removeHandler(self._request_log)
+            self._request_log.close()
+            self._request_log = None
 
     def fs(self) -> Any:
         """An s3fs filesystem straight on moto (not through the proxy): the soak's own view of the bucket."""

@@ -31,7 +31,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from recipes.common import USAGE_EXIT_CODE
+from recipes.run.common import USAGE_EXIT_CODE
 from recipes.soak.faults import KINDS, STORE_KINDS, PlannedFault, plan_faults
 from recipes.soak.observe import observer_pool
 from recipes.soak.report import build_report, print_report

@@ -94,7 +94,7 @@ _THREAD_DUMP = re.compile(
 _FRAME = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
 
 
-#: What a launch's exit watch prints before it ends a process whose exit hangs (recipes.shutdown).
+#: What a launch's exit watch prints before it ends a process whose exit hangs (recipes.run.shutdown).
 EXIT_WATCH_LINE = "error: the process did not finish exiting within"
 
 

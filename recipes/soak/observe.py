@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from callbacks.spot import SpotCheckpoint
 from callbacks.storage import ckpt_store
-from recipes import compat
+from recipes.run import compat
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE
-from recipes.common import USAGE_EXIT_CODE
+from recipes.run.common import USAGE_EXIT_CODE
 from recipes.soak.bucket import Bucket
 from recipes.soak.disk import Disk
 from recipes.soak.faults import CORRUPTED, Fault, PlannedFault, RunState, Watch, corrupt
@@ -489,7 +489,7 @@ class Soak:
         blame = self.awaiting[-1] if self.awaiting and not own else current
         if launch.exit_code == 0:
             run.finished = True
-        if not launch.hung and EXIT_WATCH_LINE in launch.stderr():  # ended by its own exit watch (recipes.shutdown)
+        if not launch.hung and EXIT_WATCH_LINE in launch.stderr():  # ended by its own exit watch (recipes.run.shutdown)
             current.fail("clean_exit", f"{launch.label} did not finish exiting and was ended by its exit watch; "
                                        f"it was at:\n{hung_where(launch.stderr())}")
         if launch.hung:

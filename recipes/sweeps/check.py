@@ -1,6 +1,6 @@
 """Check a sweep's recipe before any trial starts: the space's keys and values parse, the metric is logged.
 
-The recipe is parsed in this process by the project's own CLI parser (``recipes.cli.AtscaleCLI``), with the
+The recipe is parsed in this process by the project's own CLI parser (``recipes.run.cli.AtscaleCLI``), with the
 overrides and one probe value per space key (the low bound, each categorical choice), and its classes are
 built (a bad ``--cost.instance`` fails here too). One validation batch of the built model on the CPU then
 shows which metrics the recipe's validation logs: ``--metric`` must be one of them. Nothing is written: no
@@ -20,7 +20,7 @@ from typing import Any
 
 from optuna.distributions import CategoricalDistribution
 
-from recipes.common import UsageError
+from recipes.run.common import UsageError
 
 from .space import Space, override_args, probe_params
 
@@ -40,7 +40,7 @@ class _Parsed(Exception):
 
 
 def _cli_class(instantiate: bool) -> Any:
-    from recipes.cli import AtscaleCLI
+    from recipes.run.cli import AtscaleCLI
 
     class ProbeCLI(AtscaleCLI):
         """Parse and build the recipe's classes; no run directory, no tracking, no trainer."""
@@ -56,7 +56,7 @@ def _cli_class(instantiate: bool) -> Any:
 
 
 def _parse(args: list[str], instantiate: bool) -> Any:
-    from recipes.cli import parse_error_message
+    from recipes.run.errors import parse_error_message
 
     cls = _cli_class(instantiate)
     argv, sys.argv = sys.argv, sys.argv[:1]  # the CLI is given its args; the sweep's own are not for it
@@ -99,7 +99,7 @@ def check_recipe(configs: Sequence[str], extra: Sequence[str], space: Space, spa
     Raises:
         UsageError: naming the override, the space key or the metric that is wrong.
     """
-    from recipes.cli import quiet_known_noise
+    from recipes.run.process import quiet_known_noise
 
     quiet_known_noise()
     base = [a for c in configs for a in ("--config", c)] + list(extra)

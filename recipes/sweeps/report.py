@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.table import Table
 
-from recipes.common import COST_KEY
+from recipes.run.common import COST_KEY
 
 from .study import RUN_NAME_ATTR
 
@@ -65,7 +65,8 @@ def _short(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
-def _value(value: Any) -> str:
+def param_text(value: Any) -> str:
+    """A trial's parameter as the tables show it: floats to 4 significant digits."""
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -83,7 +84,7 @@ def trials_table(study: optuna.Study, metric: str, cash: Money) -> Table:
         value = "" if t.value is None else f"{t.value:.4f}"
         usd = cash.per_trial.get(t.number, (None, None))[0]
         table.add_row(str(t.number), state, value, str(len(t.intermediate_values)),
-                      *(_value(t.params[k]) if k in t.params else "" for k in keys),
+                      *(param_text(t.params[k]) if k in t.params else "" for k in keys),
                       "" if usd is None else f"${usd:.4f}", str(t.user_attrs.get(RUN_NAME_ATTR, "")))
     return table
 
@@ -160,7 +161,7 @@ def summary_table(study: optuna.Study, metric: str, mode: str, cash: Money, best
     else:
         table.add_row("best trial", f"#{best.number} {metric} {best.value:.4f} ({mode}), run "
                       f"{best.user_attrs.get(RUN_NAME_ATTR, '')}")
-        table.add_row("best params", ", ".join(f"{_short(k)}={_value(v)}" for k, v in best.params.items()))
+        table.add_row("best params", ", ".join(f"{_short(k)}={param_text(v)}" for k, v in best.params.items()))
         metrics = best_run.data.metrics if best_run is not None else {}
         for key in baselines:
             if key in metrics and best.value is not None:

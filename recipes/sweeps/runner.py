@@ -41,8 +41,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
-from recipes.common import ENV_FROM_PARENT, ENV_PARENT_RUN_ID, ENV_RUN_TAGS, SIGINT_EXIT_CODE
-from recipes.tracking import redact
+from recipes.run.common import ENV_FROM_PARENT, ENV_PARENT_RUN_ID, ENV_RUN_TAGS, SIGINT_EXIT_CODE
+from recipes.run.tracking import redact
 
 from . import report
 from .pruning import ENV_SWEEP_STORAGE
@@ -156,7 +156,7 @@ class Sweep:
 
     # ---------------------------------------------------------------- setup
     def _experiment_id(self) -> str:
-        from recipes.tracking import ensure_experiment, ensure_store
+        from recipes.run.tracking import ensure_experiment, ensure_store
 
         ensure_store(self.args.tracking_uri)  # a new sqlite store created whole, before any trial opens it
         return ensure_experiment(self.client, self.recipe.experiment)
@@ -217,7 +217,7 @@ class Sweep:
         trial.set_user_attr(ATTEMPTS_ATTR, attempts)
         log = self.out_dir / f"trial-{number:03d}.log"
         cmd = self.command(number, params)
-        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={report._value(v)}" for k, v in params.items())
+        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={report.param_text(v)}" for k, v in params.items())
         how = "resumes" if attempts > 1 else "starts"
         self.console.print(f"trial {number} {how} ({self.run_name(number)}): {shown}", highlight=False)
         with open(log, "a") as out:

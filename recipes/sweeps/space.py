@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from recipes.common import UsageError
+from recipes.run.common import UsageError
 
 __all__ = ["Space", "load_space", "override_args", "parse_distribution"]
 

@@ -30,7 +30,7 @@ from filelock import FileLock
 from optuna.exceptions import DuplicatedStudyError, UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
 
-from recipes.common import UsageError
+from recipes.run.common import UsageError
 
 __all__ = ["OWNER_ATTR", "claim_trial", "make_pruner", "make_sampler", "open_storage", "open_study", "release",
            "stale_trials", "study_lock", "trial_id"]
@@ -58,7 +58,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     beside a sqlite database), and a collision with a program that does not take it (Optuna's dashboard, a
     notebook's ``load_study``) is retried: the tables then exist.
     """
-    from recipes.tracking import redact
+    from recipes.run.tracking import redact
 
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite:"):

@@ -14,15 +14,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from recipes.bench import (
-    GOAL_ASYNC_OVER_SYNC,
-    VARIANTS,
-    print_checkpoint,
-    print_contention,
-    print_overhead,
-    verdict_at_most,
-)
-from recipes.bench_startup import PHASES, print_startup
+from recipes.bench.checkpoint import GOAL_ASYNC_OVER_SYNC, print_checkpoint
+from recipes.bench.contention import print_contention
+from recipes.bench.overhead import VARIANTS, print_overhead
+from recipes.bench.startup import PHASES, print_startup
+from recipes.bench.stats import verdict_at_most
 from tests.conftest import cli_env
 
 # No figure here is a speed goal, so these run beside other tests; the contention bench alone is `serial`: its

@@ -213,7 +213,7 @@ def trainer(**kwargs):
 
 def done():
     """The script's end, as recipes.fit ends: a DDP rank skips the teardown where gloo can abort it (SIGABRT)."""
-    from shutdown import destroy_process_group, exit_process  # recipes/shutdown.py, copied as a user would
+    from shutdown import destroy_process_group, exit_process  # recipes/run/shutdown.py, copied as a user would
 
     no_module_from_the_repository()
     destroy_process_group()
@@ -559,7 +559,7 @@ def write_data(module: str, project: Path) -> None:
 
 def run_in_project(project: Path, script: str, timeout: float = 300) -> subprocess.CompletedProcess:
     (project / "harness.py").write_text(HARNESS)
-    shutil.copy2(REPO / "recipes/shutdown.py", project / "shutdown.py")
+    shutil.copy2(REPO / "recipes/run/shutdown.py", project / "shutdown.py")
     (project / "run_copy.py").write_text("from harness import *  # noqa: F403\n" + textwrap.dedent(script)
                                          + "\ndone()\n")
     env = {k: v for k, v in os.environ.items()
@@ -580,7 +580,7 @@ def test_copy_lists_are_read_as_written() -> None:
     assert copy_list(REPO / "callbacks" / "spot.py") == [
         "checkpoint_io.py", "storage/ckpt_store.py", "storage/safe_load.py", "storage/remote_store.py",
         "utils/notices.py", "utils/rng.py", "utils/compat.py", "analysis/ckpt_interval.py"]
-    assert copy_list(REPO / "callbacks" / "cost.py") == ["analysis/cost.py", "analysis/prices.py",
+    assert copy_list(REPO / "callbacks" / "cost.py") == ["analysis/cost_model.py", "analysis/prices.py",
                                                          "analysis/prices.yaml", "utils/steps_file.py"]
     assert copy_list(REPO / "callbacks" / "progress.py") == []
     assert copy_list(REPO / "datamodules" / "text.py") == ["loaders.py"]

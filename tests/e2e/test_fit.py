@@ -159,7 +159,8 @@ def test_objects_made_before_fit_are_frozen_for_its_duration_only(tmp_path: Path
     from lightning.pytorch.callbacks import Callback
 
     from callbacks.cost import CostTracker
-    from recipes.cli import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME, AtscaleCLI
+    from recipes.run.cli import AtscaleCLI
+    from recipes.run.common import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME
 
     for key in (ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME):
         monkeypatch.delenv(key, raising=False)

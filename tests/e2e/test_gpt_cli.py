@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from datamodules.text import TextDataModule
-from recipes import bench_stats, sample
+from recipes import sample
+from recipes.bench import stats as bench_stats
 from recipes.gpt import GPT
 from tests.conftest import cli_env
 
@@ -155,3 +156,7 @@ def test_bench_lm_runs_each_variant_every_round_and_reports_their_ratios(tmp_pat
     assert low <= figures["step_ratio"] <= high
     assert figures["step_verdict"] == bench_stats.verdict_at_most(low, high, 1.03)
     assert "Traceback" not in result.stderr
+    # six fits in one process, the second round's after MLflow's model logging imported pytorch_lightning:
+    # none of them prints Lightning's device lines or its logger advertisement
+    for noise in ("GPU available", "`Trainer.fit` stopped", "💡 Tip", "INFO:"):
+        assert noise not in result.stderr, noise

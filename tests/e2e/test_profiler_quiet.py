@@ -41,7 +41,7 @@ def rank(r):
         assert gloo and t.tolist() == [2.0] * 4, (gloo, t)
     # as recipes.fit ends: the interpreter's teardown past a gloo group sometimes aborts a process ("terminate
     # called without an active exception"), which is not what this test is about
-    from recipes.shutdown import destroy_process_group, exit_process
+    from recipes.run.shutdown import destroy_process_group, exit_process
     destroy_process_group()
     exit_process(0)
 

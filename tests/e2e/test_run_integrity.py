@@ -24,7 +24,7 @@ import torch
 
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE
 from callbacks.storage import ckpt_store
-from recipes.run_lock import LOCK_NAME
+from recipes.run.lock import LOCK_NAME
 from tests.conftest import (
     CONFIGS,
     FAST,

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from callbacks.compression import GradientCompression
 from callbacks.utils.topk import TopKState, topk_hook
-from recipes.shutdown import destroy_process_group, exit_process
+from recipes.run.shutdown import destroy_process_group, exit_process
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.e2e
@@ -59,7 +59,7 @@ def _worker(rank: int, port: int, ratio: float, path: str) -> None:
         torch.save(result, f"{path}.{rank}")
     finally:
         destroy_process_group()
-    exit_process(0)  # past a gloo group, the interpreter's teardown can abort the rank (recipes.shutdown)
+    exit_process(0)  # past a gloo group, the interpreter's teardown can abort the rank (recipes.run.shutdown)
 
 
 def _run(tmp_path: Path, ratio: float) -> list[dict]:

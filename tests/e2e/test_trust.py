@@ -137,13 +137,13 @@ def test_reproduce_dry_run_accepts_the_projects_own_config(tracked: Path, capsys
 
 @pytest.fixture
 def fit_here(tracked: Path, monkeypatch: pytest.MonkeyPatch):
-    """``recipes.cli.run_cli`` in this process, as ``python -m recipes.fit`` would run it in ``tracked``.
+    """``recipes.run.cli.run_cli`` in this process, as ``python -m recipes.fit`` would run it in ``tracked``.
 
     The CLI sets environment variables for the ranks it would start and takes SIGINT/SIGTERM: both are
     put back after the test.
     """
-    from recipes.cli import run_cli
-    from recipes.run_lock import RunLock
+    from recipes.run.cli import run_cli
+    from recipes.run.lock import RunLock
 
     saved_env = dict(os.environ)
     saved_handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -199,8 +199,8 @@ def test_a_name_that_leaves_the_runs_root_exits_2_naming_it(fit_here, tracked: P
 def test_the_root_as_a_run_name_is_refused_before_anything_is_written() -> None:
     """``--run_name /`` wrote into the filesystem root as root: checked without launching (a regression would
     write there again)."""
-    from recipes.common import UsageError
-    from recipes.run_context import check_name
+    from recipes.run.common import UsageError
+    from recipes.run.context import check_name
 
     for bad in ("/", "/etc", "..", "a\\..\\b", "x\0y", "a" * 129, " lead", "-flag"):
         with pytest.raises(UsageError, match=r"is not a valid name: expected one name of 1-128"):

@@ -27,7 +27,7 @@ from callbacks.timing import (
     serial_fraction,
     union_length,
 )
-from recipes.shutdown import destroy_process_group, exit_process
+from recipes.run.shutdown import destroy_process_group, exit_process
 from tests.conftest import RecordingLogger, free_port
 
 
@@ -336,7 +336,7 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
                          "hook_calls": timer.totals["hook_calls"], "bytes": timer.totals["bytes"],
                          "steps": timer.steps}
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-    # as recipes.fit ends: past a gloo group, the interpreter's teardown can abort the rank (recipes.shutdown)
+    # as recipes.fit ends: past a gloo group, the interpreter's teardown can abort the rank (recipes.run.shutdown)
     destroy_process_group()
     exit_process(0)
 
@@ -377,7 +377,7 @@ def test_comm_hooks_fire_per_bucket_on_gloo(tmp_path: Path) -> None:
 def test_compression_configs_parse_to_one_compression_and_one_step_timing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       config: str, hook: str) -> None:
-    from recipes.cli import AtscaleCLI
+    from recipes.run.cli import AtscaleCLI
 
     repo = Path(__file__).resolve().parents[3]
     for key in ("ATSCALE_RUN_NAME", "ATSCALE_CKPT_PATH", "ATSCALE_MLFLOW_RUN_ID"):  # the CLI sets them

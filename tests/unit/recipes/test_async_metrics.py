@@ -9,7 +9,7 @@ import mlflow
 import pytest
 from lightning.pytorch.loggers import MLFlowLogger
 
-from recipes.cli import (
+from recipes.run.cli import (
     ASYNC_LOGGING_BUFFER_ENV,
     ASYNC_LOGGING_BUFFER_S,
     ASYNC_LOGGING_THREADS_ENV,

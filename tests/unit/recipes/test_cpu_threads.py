@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from recipes.cli import UsageError, apply_cpu_threads
 from recipes.fit import cpu_thread_env, cpu_threads_setting
+from recipes.run.common import UsageError
+from recipes.run.process import apply_cpu_threads
 from tests.conftest import CONFIGS, FAST, REPO, cli_env, run_fit
 
 

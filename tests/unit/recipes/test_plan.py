@@ -258,7 +258,7 @@ def test_explicit_mode_needs_step_time_and_steps(capsys, drop, named):
 
 
 def test_human_duration_picks_a_unit_that_fits():
-    from recipes.common import human_duration
+    from recipes.run.common import human_duration
 
     cases = [(0.0, "0 s"), (0.0463, "0.046 s"), (2.5, "2.5 s"), (22.4, "22 s"), (90, "1.5 min"),
              (2032.14, "34 min"), (3750, "1.04 h"), (30918.4, "8.59 h"), (70184.6, "19.5 h"),

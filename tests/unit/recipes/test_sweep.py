@@ -17,7 +17,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from recipes import sweep
-from recipes.common import UsageError
+from recipes.run.common import UsageError
 from recipes.sweeps import report, study
 from recipes.sweeps.space import check_fixed, load_space, override_args
 from tests.conftest import CONFIGS, client_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recipes.run_context import torchrun_nodes
+from recipes.run.context import torchrun_nodes
 
 ELASTIC = {"TORCHELASTIC_RUN_ID": "job-7", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2"}
 
@@ -41,7 +41,7 @@ GLOO_RESET = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc
     (RuntimeError("CUDA out of memory"), None),
 ])
 def test_a_lost_peer_is_told_apart_from_other_failures(error: BaseException, lost: str | None) -> None:
-    from recipes.cli import lost_peer
+    from recipes.run.errors import lost_peer
 
     assert lost_peer(error) == lost
     wrapped = RuntimeError("during the step")

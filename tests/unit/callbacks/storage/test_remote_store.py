@@ -233,7 +233,7 @@ def test_fresh_moves_the_remote_checkpoints_aside(bucket: str, moto_s3: S3Server
 
 def test_explicit_ckpt_path_url_is_downloaded_verified_and_names_its_run(bucket: str, moto_s3: S3Server,
                                                                          tmp_path: Path) -> None:
-    from recipes.run_context import UsageError, explicit_checkpoint
+    from recipes.run.context import UsageError, explicit_checkpoint
 
     url = f"s3://{bucket}/r/checkpoints"
     original = save(AtomicCheckpointIO(mirror=RemoteCheckpoints(url, tmp_path / "a")), tmp_path / "a",
@@ -250,7 +250,7 @@ def test_explicit_ckpt_path_url_is_downloaded_verified_and_names_its_run(bucket:
 
 def test_a_newer_staged_checkpoint_is_uploaded_and_wins_over_the_bucket(bucket: str, tmp_path: Path) -> None:
     """The same machine relaunched after an upload died: it must not go back to the bucket's older step."""
-    from recipes.run_context import newest_of_bucket_and_staging
+    from recipes.run.context import newest_of_bucket_and_staging
 
     url = f"s3://{bucket}/r/checkpoints"
     mirror = RemoteCheckpoints(url, tmp_path)
@@ -266,7 +266,7 @@ def test_a_newer_staged_checkpoint_is_uploaded_and_wins_over_the_bucket(bucket: 
 
 def test_a_staged_checkpoint_of_another_run_never_wins(bucket: str, tmp_path: Path) -> None:
     """The bucket was started afresh elsewhere (a new MLflow run): this machine's old, higher step stays local."""
-    from recipes.run_context import newest_of_bucket_and_staging
+    from recipes.run.context import newest_of_bucket_and_staging
 
     mirror = RemoteCheckpoints(f"s3://{bucket}/r/checkpoints", tmp_path / "bucket-copy")
     save(AtomicCheckpointIO(mirror=mirror), tmp_path / "bucket-copy", "step=00000030.ckpt", 30, run_id="new-run")
@@ -281,7 +281,7 @@ def test_checkpoints_that_all_fail_verification_stop_the_run_with_a_clear_error(
     """Starting over beside broken records would see every new checkpoint pruned against them."""
     from jsonargparse import Namespace
 
-    from recipes.run_context import (
+    from recipes.run.context import (
         RunContext,
         UsageError,
         resolve_resume,
@@ -394,7 +394,7 @@ def test_download_progress_counts_every_byte_across_shards(bucket: str, tmp_path
 
 
 def test_checkpoint_state_from_another_machine_is_moved_to_this_directory() -> None:
-    from recipes.run_callbacks import relocate_checkpoint_state
+    from recipes.run.cli_callbacks import relocate_checkpoint_state
 
     old, new = "/home/a/work/runs/digits/spot/checkpoints", "/scratch/b/runs/digits/spot/checkpoints"
     state = {"dirpath": old, "best_model_path": f"{old}/best-000-00000045.ckpt", "best_model_score": 0.9,

@@ -1,0 +1,19 @@
+"""``python -m recipes.bench <subcommand>``: what the recipe's own machinery costs, measured side by side.
+
+One module per subcommand, and what they share:
+
+- :mod:`recipes.bench.overhead`: the full recipe against plain Lightning and a plain PyTorch loop (an MLP).
+- :mod:`recipes.bench.checkpoint`: periodic checkpoint stalls, synchronous against asynchronous.
+- :mod:`recipes.bench.fit`: the default digits recipe's ``trainer.fit`` against plain Lightning's.
+- :mod:`recipes.bench.lm`: the GPT recipe's step and ``trainer.fit`` against plain Lightning and a plain loop.
+- :mod:`recipes.bench.startup`: a launch's time to its first step and to exit, phase by phase.
+- :mod:`recipes.bench.contention`: the digits step quiet and beside a busy process, per CPU thread setting.
+- :mod:`recipes.bench.compression`: gradient compression on 2 processes (bytes, step, accuracy).
+- :mod:`recipes.bench.gpu`: the GPU check (a reduced mode on CPU).
+- ``chaos``: the reliability soak, in :mod:`recipes.soak`.
+
+Shared: :mod:`recipes.bench.stats` (paired bootstrap intervals and verdicts; no torch),
+:mod:`recipes.bench.runs` (the full recipe in-process less chosen pieces, a step stopwatch),
+:mod:`recipes.bench.mlp` (the synthetic MLP workload), and :mod:`recipes.bench.cli` (the options and the
+dispatch). Nothing a benchmark imports imports the command line back.
+"""

@@ -1,0 +1,140 @@
+"""``python -m recipes.bench fit``: the default digits recipe's ``trainer.fit`` against plain Lightning's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch import Trainer
+from rich.console import Console
+from rich.table import Table
+
+from recipes.bench.runs import PIECES, Stopwatch, from_spec, own_store, run_full_recipe
+from recipes.bench.stats import (
+    bootstrap_ratio_ci,
+    ci_settled,
+    verdict,
+)
+
+# ------------------------------------------------------------- default recipe's fit
+DIGITS_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.yaml"
+#: Goal: the default digits recipe's ``trainer.fit`` at most this many times plain Lightning's.
+GOAL_FIT_RATIO = 1.15
+#: Width of the fit ratio's 95 % CI below which more rounds stop.
+FIT_MARGIN = 0.05
+
+
+def plain_digits_fit(epochs: int, root: Path) -> float:
+    """Seconds of ``trainer.fit`` for plain Lightning on the digits recipe's module, data and seed.
+
+    The same ``ImageClassifier``, ``DigitsDataModule``, optimizer and schedule as ``configs/digits.yaml``, the same
+    epochs with validation (and its sanity check), on one CPU; no logger, no checkpointing, no progress bar.
+    """
+    import yaml
+
+    from datamodules.digits import DigitsDataModule
+    from recipes.classifier import ImageClassifier
+
+    cfg = yaml.safe_load(DIGITS_CONFIG.read_text())
+    init = dict(cfg["model"]["init_args"])
+    optimizer, scheduler = from_spec(init.pop("optimizer")), from_spec(init.pop("lr_scheduler"))
+    pl.seed_everything(cfg["seed_everything"], verbose=False)
+    model = ImageClassifier(**init, optimizer=optimizer, lr_scheduler=scheduler)
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, default_root_dir=root)
+    with open(root / "plain.log", "a") as log_file, contextlib.redirect_stdout(log_file):
+        started = time.perf_counter()
+        trainer.fit(model, datamodule=DigitsDataModule(**cfg["data"]["init_args"]))
+        return time.perf_counter() - started
+
+
+def recipe_digits_fit(epochs: int, root: Path, index: int,
+                      without: frozenset[str] = frozenset()) -> dict[str, float]:
+    """The default digits recipe (less ``without``): ``trainer.fit`` seconds and the CLI's whole fit flow's."""
+    watch = Stopwatch()
+    recipe = ["--config", str(DIGITS_CONFIG), "--experiment", "bench-fit", "--trainer.max_epochs", str(epochs)]
+    _, flow_s = run_full_recipe(recipe, root, index, without, watch=watch)
+    assert watch.fit_s is not None
+    return {"fit_s": watch.fit_s, "flow_s": flow_s}
+
+
+def bench_fit(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """The recipe's and plain Lightning's ``trainer.fit``, interleaved rounds until the ratio's CI settles."""
+    plain: list[float] = []
+    recipe: list[dict[str, float]] = []
+    max_rounds = max(args.rounds, args.max_rounds)
+    ci = (math.nan, math.nan, math.nan)
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
+        for index in range(max_rounds):
+            for key in ("plain", "recipe") if index % 2 == 0 else ("recipe", "plain"):
+                if key == "plain":
+                    plain.append(plain_digits_fit(args.epochs, root))
+                else:
+                    recipe.append(recipe_digits_fit(args.epochs, root, index))
+            console.print(f"round {index + 1}: trainer.fit recipe {recipe[-1]['fit_s']:.2f} s (its whole fit flow "
+                          f"{recipe[-1]['flow_s']:.2f} s), plain Lightning {plain[-1]:.2f} s", highlight=False)
+            if index + 1 >= max(2, args.rounds):
+                # plain / recipe >= 1 / goal  <=>  recipe / plain <= goal
+                speed, low, high = bootstrap_ratio_ci(plain, [r["fit_s"] for r in recipe])
+                ci = (1 / speed, 1 / high, 1 / low)
+                if ci_settled(ci[1], ci[2], FIT_MARGIN):
+                    break
+    ratio, low, high = ci
+    result = verdict(1 / high, 1 / low, 1 / GOAL_FIT_RATIO, FIT_MARGIN / GOAL_FIT_RATIO) if not math.isnan(ratio) \
+        else "inconclusive"
+    return {"recipe_fit_s": [r["fit_s"] for r in recipe], "recipe_flow_s": [r["flow_s"] for r in recipe],
+            "plain_fit_s": plain, "ratio": ratio, "ci95": [low, high], "verdict": result, "goal": GOAL_FIT_RATIO,
+            "rounds_run": len(plain), "load_average": list(os.getloadavg()),
+            "settings": {k: getattr(args, k) for k in ("epochs", "rounds", "max_rounds", "threads")}}
+
+
+def print_fit(figures: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"Default digits recipe vs plain Lightning, trainer.fit of {figures['settings']['epochs']} "
+                        f"epochs with validation ({figures['rounds_run']} interleaved rounds)")
+    for column in ("variant", "median s", "every round (s)"):
+        table.add_column(column, justify="left" if column == "variant" else "right")
+    for name, key in (("plain Lightning trainer.fit", "plain_fit_s"), ("recipe trainer.fit", "recipe_fit_s"),
+                      ("recipe's whole fit flow (MLflow run, fit, flush, summary)", "recipe_flow_s")):
+        table.add_row(name, f"{statistics.median(figures[key]):.2f}", ", ".join(f"{v:.2f}" for v in figures[key]))
+    console.print(table)
+    low, high = figures["ci95"]
+    console.print(f"recipe / plain trainer.fit = {figures['ratio']:.3f}, 95% CI {low:.3f} .. {high:.3f} (goal <= "
+                  f"{figures['goal']}): {figures['verdict']}; load average at the end "
+                  f"{', '.join(f'{v:.2f}' for v in figures['load_average'])}", highlight=False)
+
+
+def bench_fit_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """The digits recipe's trainer.fit with each default piece turned off in turn (see :data:`PIECES`)."""
+    pieces = args.pieces or list(PIECES)
+    variants = ["full", *pieces]
+    fit_s: dict[str, list[float]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
+        for index in range(args.rounds):
+            for variant in variants if index % 2 == 0 else variants[::-1]:
+                without = frozenset() if variant == "full" else frozenset({variant})
+                fit_s[variant].append(recipe_digits_fit(args.epochs, root, index, without)["fit_s"])
+                console.print(f"round {index + 1}/{args.rounds} (without {variant}): trainer.fit "
+                              f"{fit_s[variant][-1]:.2f} s", highlight=False)
+    full = statistics.median(fit_s["full"])
+    return {"full_fit_s": full, "fit_s": fit_s, "load_average": list(os.getloadavg()),
+            "cost_s": {piece: full - statistics.median(fit_s[piece]) for piece in pieces},
+            "settings": {k: getattr(args, k) for k in ("epochs", "rounds", "threads")}}
+
+
+def print_fit_ablation(figures: dict[str, Any], console: Console) -> None:
+    table = Table(title=f"What each piece adds to the digits recipe's trainer.fit ({figures['full_fit_s']:.2f} s, "
+                        f"medians of {figures['settings']['rounds']} interleaved rounds; cost = full minus without)")
+    for column in ("piece turned off", "trainer.fit without (s)", "cost (s)"):
+        table.add_column(column, justify="left" if column == "piece turned off" else "right")
+    for piece, cost in figures["cost_s"].items():
+        table.add_row(PIECES[piece], f"{statistics.median(figures['fit_s'][piece]):.2f}", f"{cost:+.2f}")
+    console.print(table)

@@ -1,0 +1,240 @@
+"""``python -m recipes.bench startup``: how long a launch of the recipe takes to reach its first step, and to exit.
+
+A spot run pays its start-up on every relaunch, so this is a figure users feel. Each round runs the
+default recipe twice as a user does, ``python -m recipes.fit --config configs/digits.yaml`` in a fresh
+interpreter: a *fresh* launch (a new run, stopped by a fire drill after its first step, as a notice stops
+it: checkpoint, exit 75) and the *relaunch* that resumes it and finishes (its model logged, its time
+breakdown drawn). Each launch is cut into phases by the clock readings of a callback it carries
+(:class:`StartupStamps`) and the parent's own at spawn and exit:
+
+- ``imports``: spawn until the CLI parses its configuration (the interpreter, torch, Lightning, MLflow);
+- ``cli``: the parse, the run directory and MLflow run, the trainer, model and data built;
+- ``setup``: ``trainer.fit`` until the first training batch (baselines, the resume, the data loader);
+- ``wrap-up``: the end of training until the process has exited (the checkpoint, model, plot, MLflow).
+
+``--imports`` adds where the import time goes (``python -X importtime``, first import of each library)::
+
+    python -m recipes.bench startup --rounds 5 --imports
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lightning.pytorch import Callback, LightningModule, Trainer
+from rich.console import Console
+from rich.table import Table
+from typing_extensions import override
+
+from recipes.bench.runs import own_store
+from recipes.run.common import UsageError
+
+REPO = Path(__file__).resolve().parent.parent
+#: The phases of a launch, in order, each from the previous stamp to its own.
+PHASES = ("imports", "cli", "setup", "wrap-up")
+#: Libraries whose first import ``--imports`` reports (everything else is "the rest").
+LIBRARIES = ("torch", "lightning", "mlflow")
+#: What a launch imports before it parses its configuration (``recipes.fit`` imports it inside ``main``).
+LAUNCH_IMPORTS = "recipes.run.cli"
+#: Set by the parent: where :class:`StartupStamps` writes its clock readings.
+STAMPS_ENV = "ATSCALE_BENCH_STAMPS"
+
+#: When this module was imported in a launch: jsonargparse imports it while it parses the configuration.
+_IMPORTED_AT = time.time()
+
+
+class StartupStamps(Callback):
+    """Writes the wall-clock readings that cut a launch into phases, as JSON, to ``$ATSCALE_BENCH_STAMPS``."""
+
+    def __init__(self) -> None:
+        self.stamps: dict[str, float] = {"parse": _IMPORTED_AT}
+
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.stamps["fit_start"] = time.time()
+
+    @override
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if "first_step" not in self.stamps:  # the first batch only: no clock read on every later step
+            self.stamps["first_step"] = time.time()
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.stamps["train_end"] = time.time()
+        self._write()
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.stamps["train_end"] = time.time()
+        self._write()
+
+    def _write(self) -> None:
+        path = os.environ.get(STAMPS_ENV)
+        if path:
+            Path(path).write_text(json.dumps(self.stamps))
+
+
+def phases(spawned: float, stamps: dict[str, float], exited: float) -> dict[str, float]:
+    """Seconds of each phase of one launch (:data:`PHASES`), plus ``to_first_step`` and ``total``.
+
+    Args:
+        spawned: the parent's clock just before it started the process.
+        stamps: :class:`StartupStamps`' readings (``parse``, ``fit_start``, ``first_step``, ``train_end``).
+        exited: the parent's clock once the process had exited.
+
+    Raises:
+        ValueError: if a reading is missing or the readings are out of order.
+    """
+    order = [spawned, *(stamps.get(k, float("nan")) for k in ("parse", "fit_start", "first_step", "train_end")),
+             exited]
+    if any(math.isnan(v) for v in order) or any(b < a for a, b in itertools.pairwise(order)):
+        raise ValueError(f"startup stamps missing or out of order: spawn {spawned}, {stamps}, exit {exited}")
+    spawn, parse, fit_start, first_step, train_end, end = order
+    return {"imports": parse - spawn, "cli": fit_start - parse, "setup": first_step - fit_start,
+            "wrap-up": end - train_end, "to_first_step": first_step - spawn, "total": end - spawn}
+
+
+def import_breakdown(importtime_stderr: str) -> dict[str, float]:
+    """Seconds of the first import of each of :data:`LIBRARIES` and of everything, from ``-X importtime`` output.
+
+    A library's figure is the sum of the cumulative times of its outermost rows (a row of the library with
+    no row of any of the libraries around it): what importing it loaded that was not loaded yet (torch
+    modules that Lightning imports count as Lightning's). The total is the
+    sum of the top-level rows; ``rest`` is the total less the libraries (the interpreter's own start is not in
+    the output).
+    """
+    rows = []
+    for line in importtime_stderr.splitlines():
+        match = re.match(r"import time:\s+(\d+) \|\s+(\d+) \| ( *)(\S+)", line)
+        if match:
+            rows.append((int(match.group(2)) / 1e6, len(match.group(3)), match.group(4)))
+    def library_of(name: str) -> str | None:
+        return next((lib for lib in LIBRARIES if name == lib or name.startswith(lib + ".")), None)
+
+    # the output lists a module after everything it imported: read backwards, a row's ancestors are the stack
+    out = dict.fromkeys(LIBRARIES, 0.0)
+    ancestors: list[tuple[int, str | None]] = []  # (depth, library of that row)
+    for cumulative, depth, name in reversed(rows):
+        while ancestors and ancestors[-1][0] >= depth:
+            ancestors.pop()
+        library = library_of(name)
+        if library is not None and not any(lib is not None for _, lib in ancestors):
+            out[library] += cumulative
+        ancestors.append((depth, library))
+    total = sum(cumulative for cumulative, depth, _ in rows if depth == 0)
+    out["rest"] = total - sum(out[lib] for lib in LIBRARIES)
+    out["total"] = total
+    return out
+
+
+def _launch(workdir: Path, args: Sequence[str], stamps: Path) -> dict[str, Any]:
+    """One ``python -m recipes.fit`` launch in ``workdir``: its exit code and phases."""
+    stamps.unlink(missing_ok=True)
+    env = {**os.environ, STAMPS_ENV: str(stamps), "PYTHONPATH": str(REPO)}
+    spawned = time.time()
+    result = subprocess.run([sys.executable, "-m", "recipes.fit", *args], cwd=workdir, env=env,
+                            capture_output=True, text=True)
+    exited = time.time()
+    if not stamps.exists():
+        raise RuntimeError(f"the launch (exit {result.returncode}) wrote no stamps:\n{result.stderr[-3000:]}")
+    return {"exit_code": result.returncode, **phases(spawned, json.loads(stamps.read_text()), exited)}
+
+
+def bench_startup(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """``args.rounds`` rounds of a fresh launch and its relaunch, each in a new run of its own store."""
+    callback = json.dumps({"class_path": f"{__name__}.StartupStamps"})
+    launches: dict[str, list[dict[str, Any]]] = {"fresh": [], "relaunch": []}
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
+        for index in range(args.rounds):
+            workdir = root / f"round{index}"
+            workdir.mkdir()
+            base = ["--config", str(REPO / "configs" / "digits.yaml"), "--trainer.max_steps", "2",
+                    "--trainer.enable_progress_bar", "false", "--run_name", f"startup-{index}",
+                    "--spot.drill_steps", "[1]", f"--trainer.callbacks+={callback}"]
+            for kind in ("fresh", "relaunch"):
+                launch = _launch(workdir, base, root / "stamps.json")
+                expected = 75 if kind == "fresh" else 0
+                if launch["exit_code"] != expected:
+                    raise RuntimeError(f"round {index + 1}: the {kind} launch exited {launch['exit_code']}, "
+                                       f"not {expected}")
+                launches[kind].append(launch)
+                console.print(f"round {index + 1}/{args.rounds} ({kind}): first step after "
+                              f"{launch['to_first_step']:.1f} s, exited after {launch['total']:.1f} s",
+                              highlight=False)
+    from recipes.bench.stats import bootstrap_ci  # here: a launch imports this module, and scipy.stats is slow
+
+    figures: dict[str, Any] = {"launches": launches, "median": {}, "ci95": {}, "load_average": list(os.getloadavg()),
+                               "settings": {"rounds": args.rounds}}
+    for kind, runs in launches.items():
+        figures["median"][kind] = {}
+        figures["ci95"][kind] = {}
+        for key in (*PHASES, "to_first_step", "total"):
+            values = np.array([run[key] for run in runs])
+            figures["median"][kind][key] = statistics.median(values)
+            figures["ci95"][kind][key] = bootstrap_ci(len(values), lambda picks, v=values: float(np.median(v[picks])))
+    if args.imports:
+        result = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {LAUNCH_IMPORTS}"], cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                                check=True)
+        figures["imports"] = import_breakdown(result.stderr)
+    return figures
+
+
+_PHASE_NAMES = {"imports": "imports", "cli": "CLI and run set-up", "setup": "fit start to first step",
+                "wrap-up": "end of training to exit", "to_first_step": "spawn to first step",
+                "total": "spawn to exit"}
+
+
+def print_startup(figures: dict[str, Any], console: Console) -> None:
+    rounds = figures["settings"]["rounds"]
+    table = Table(title=f"A launch of the digits recipe, phase by phase (seconds; medians of {rounds} rounds, "
+                        "95% CI)")
+    for column in ("phase", "fresh launch", "relaunch"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    for key, name in _PHASE_NAMES.items():
+        cells = []
+        for kind in ("fresh", "relaunch"):
+            low, high = figures["ci95"][kind][key]
+            cells.append(f"{figures['median'][kind][key]:.2f} ({low:.2f} .. {high:.2f})")
+        table.add_row(name, *cells)
+    console.print(table)
+    if "imports" in figures:
+        imports = figures["imports"]
+        parts = ", ".join(f"{lib} {imports[lib]:.2f} s" for lib in (*LIBRARIES, "rest") if lib in imports)
+        console.print(f"import {LAUNCH_IMPORTS}: {imports['total']:.2f} s ({parts}; first import of each)",
+                      highlight=False)
+    console.print(f"load average at the end {', '.join(f'{v:.2f}' for v in figures['load_average'])}",
+                  highlight=False)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of a fresh launch and its relaunch")
+    parser.add_argument("--imports", action="store_true", help="also: the import time of each library")
+    parser.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rounds < 1:
+        raise UsageError(f"--rounds {args.rounds} must be >= 1")
+    console = Console(stderr=args.json)
+    figures = bench_startup(args, console)
+    if args.json:
+        print(json.dumps(figures, indent=2, default=float))
+    else:
+        print_startup(figures, console)
+    return 0

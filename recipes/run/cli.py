@@ -1,0 +1,586 @@
+"""The project's LightningCLI: defaults every entry point shares, and the run flow around ``fit``.
+
+What it adds to Lightning's CLI:
+
+- a run directory ``<runs_root>/<experiment>/<run_name>/`` with ``checkpoints/``, the resolved
+  ``config.yaml`` and ``manifest.json``; ``runs_root`` may be an object-storage URL (``s3://``,
+  ``gs://``, ``az://``): files are then written under ``staging_root`` first and uploaded, and a
+  relaunch on a machine that never saw them resumes from the bucket;
+- MLflow tracking by default (``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``): the config as
+  flattened params, metrics, artifacts, the model, system metrics; one run however many ranks;
+- resume: relaunching with the same run name continues from the newest good checkpoint, in the
+  same MLflow run (``--ckpt_path`` picks one explicitly, ``--fresh`` starts over);
+- spot safety, baselines, atomic (and by default asynchronous) checkpoint writes, a rich progress
+  bar and an end-of-run summary table;
+- one-line errors with exit code 2 for bad input, and no MLflow run left RUNNING after a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import torch
+from jsonargparse import Namespace
+from lightning.fabric.plugins import CheckpointIO
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback, ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from rich.console import Console
+from rich.table import Table
+
+from callbacks.baselines import Baselines
+from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
+from callbacks.cost import CostTracker
+from callbacks.elastic import ElasticResume
+from callbacks.manifest import Manifest, git_state
+from callbacks.mlflow_model import LogModel
+from callbacks.model_checkpoint import PublishedModelCheckpoint
+from callbacks.progress import RunProgressBar
+from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
+from callbacks.storage import ckpt_store, remote_store
+from callbacks.storage.remote_store import StoreError
+from callbacks.timing import StepTiming
+from recipes.run import tracking
+from recipes.run.cli_callbacks import RelocateCheckpointState, TrackedConfig, UploadRunFiles
+from recipes.run.common import (
+    ENV_CKPT_PATH,
+    ENV_MLFLOW_RUN_ID,
+    ENV_RUN_NAME,
+    SIGINT_EXIT_CODE,
+    USAGE_EXIT_CODE,
+    UsageError,
+    check_tracking_server,
+)
+from recipes.run.compat import system_metrics_monitor
+from recipes.run.context import (
+    RunContext,
+    check_location,
+    check_name,
+    default_run_name,
+    flatten,
+    global_rank_from_env,
+    launched_by_parent,
+    mlflow_run_of,
+    refused_changes,
+    resolve_resume,
+    run_tags,
+    torchrun_nodes,
+)
+from recipes.run.errors import disk_error, lost_peer, parse_error_message
+from recipes.run.lock import RunLock, RunLocked
+from recipes.run.process import (
+    Interrupted,
+    WrapUpSignals,
+    apply_cpu_threads,
+    cheap_gpu_checks,
+    cpu_thread_callback,
+    frozen_setup_objects,
+    ignore_stop_signals,
+    install_stop_signals,
+    quiet_known_noise,
+    rank_exit_code,
+    reset_stop_signals,
+    stopping,
+    training_over,
+)
+from recipes.run.resumable_logger import ResumableMLFlowLogger
+from recipes.run.shutdown import destroy_process_group
+from recipes.run.tracking import RUN_DIR_TAG, TrackingError, redact
+
+log = logging.getLogger(__name__)
+
+#: MLflow's worker threads for async logging (read when its queue starts).
+ASYNC_LOGGING_THREADS_ENV = "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"
+#: MLflow's async queue, by default, waits for its next batch with a 1 s timeout and looks at its stop event only
+#: after it: every run's end (set_terminated, a flush) then waited ~1 s. Buffered, it sleeps on the stop event
+#: itself (woken at once when the run ends) and writes what gathered each interval as one batch. MLflow parses
+#: the value as an int: "0.5" would stop its logging thread with a ValueError.
+ASYNC_LOGGING_BUFFER_ENV = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
+ASYNC_LOGGING_BUFFER_S = "1"
+_MAX_PARAM_LENGTH = 6000
+
+
+class AlreadyComplete(Exception):
+    """The run being relaunched finished already with this config: nothing to train (exit code 0)."""
+
+
+def flush_async_metrics() -> None:
+    """Wait until MLflow's async queue (of the current tracking URI's store) has written every metric."""
+    try:
+        mlflow.flush_async_logging()
+    except Exception as err:  # the store itself may be what failed; the run's outcome stands
+        log.error("Could not flush the MLflow metrics still queued: %s", err)
+
+
+def _short_class(value: Any) -> str:
+    """``a.b.Name`` (or a ``{class_path: ...}`` config) -> ``Name``; other values as text."""
+    if isinstance(value, (dict, Namespace)) and value.get("class_path"):
+        value = value.get("class_path")
+    return str(value).rsplit(".", 1)[-1] if isinstance(value, str) and "." in value and " " not in value \
+        else str(value)
+
+
+def search_tags(cfg: Namespace) -> dict[str, str]:
+    """Tags a person filters runs by in MLflow, and the run's description (the command that started it)."""
+    trainer = cfg.trainer
+    configs = [Path(str(c)).name for c in (cfg.get("config") or [])]
+    tags = {
+        "atscale.recipe": " + ".join(configs) or cfg.experiment,
+        "atscale.model": _short_class(cfg.get("model")),
+        "atscale.data": _short_class(cfg.get("data")),
+        "atscale.strategy": _short_class(trainer.get("strategy") or "auto"),
+        "atscale.devices": f"{trainer.get('devices') or 'auto'} x {trainer.get('num_nodes') or 1}",
+        "atscale.precision": str(trainer.get("precision") or "32-true"),
+        "atscale.market": str(cfg.cost.get("market")) if cfg.get("cost") else "on_demand",
+        "mlflow.note.content": "```\n" + " ".join(redact(a) for a in [Path(sys.executable).name, *sys.argv]) + "\n```",
+    }
+    sha = git_state(Path(__file__).parent).get("sha")
+    if sha:
+        tags["atscale.git_sha"] = sha
+    return tags
+
+
+def check_devices(trainer_cfg: Namespace) -> None:
+    """Refuse more CPU processes than cores (Lightning would start them and crawl)."""
+    devices, accelerator = trainer_cfg.get("devices"), str(trainer_cfg.get("accelerator"))
+    wants_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if not wants_cpu or (not isinstance(devices, int) and not str(devices).isdigit()):
+        return
+    cores = os.cpu_count() or 1
+    if int(devices) > cores:
+        raise UsageError(f"trainer.devices={devices} asks for {devices} CPU processes, but this machine has "
+                         f"{cores} CPU cores.")
+
+
+class AtscaleCLI(LightningCLI):
+    """LightningCLI with the project's run directory, tracking, resume and safety defaults.
+
+    Fitting is its only action: ``python -m recipes.fit --config X.yaml [--config Y.yaml] [--k=v ...]``.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("run", False)
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("seed_everything_default", 42)
+        kwargs.setdefault("save_config_callback", TrackedConfig)
+        kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("trainer_defaults", {"accelerator": "auto", "use_distributed_sampler": False,
+                                               "log_every_n_steps": 10})
+        kwargs.setdefault("parser_kwargs", {"description": __doc__.splitlines()[0] if __doc__ else None})
+        self.context: RunContext | None = None
+        self.lock: RunLock | None = None
+        super().__init__(**kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--experiment", type=str, default="default", help="MLflow experiment name.")
+        parser.add_argument("--run_name", type=str | None, default=None,
+                            help="Run name; relaunching with the same name resumes the run.")
+        parser.add_argument("--runs_root", type=str, default="runs",
+                            help="Root of the run directories: a local path or an fsspec URL (s3://bucket/runs, "
+                                 "gs://..., az://...) that outlives the machine.")
+        parser.add_argument("--staging_root", type=str, default="runs",
+                            help="Local directory for a remote run's files before upload and after download.")
+        parser.add_argument("--ckpt_path", type=str | None, default=None,
+                            help="Resume from this checkpoint instead of the run's newest good one.")
+        parser.add_argument("--fresh", type=bool, default=False,
+                            help="Start over: set the run's old checkpoints aside and open a new MLflow run.")
+        parser.add_argument("--async_checkpoint", type=bool, default=True,
+                            help="Write periodic checkpoints in a background thread.")
+        parser.add_argument("--cpu_threads", type=str, default="auto",
+                            help="CPU threads per process: 'auto' (torch's count when the run starts: every "
+                                 "core for one process, a launcher's division for several, or OMP_NUM_THREADS; "
+                                 "held for the run's life and set again on resume, so results never depend on "
+                                 "the machine's load), a fixed count N (threads sleep while they wait), "
+                                 "'adaptive' (fewer threads while other work holds cores: faster on a busy "
+                                 "machine, but resumes and reproductions are no longer bitwise), or 'torch' "
+                                 "(torch's own defaults, held like auto).")
+        parser.add_argument("--log_model", type=bool, default=True,
+                            help="Log the trained model to MLflow at the end (skip for sweeps and drills).")
+        parser.add_lightning_class_args(PublishedModelCheckpoint, "checkpoint")
+        parser.set_defaults({
+            "checkpoint.monitor": "val/acc",
+            "checkpoint.mode": "max",
+            "checkpoint.save_top_k": 1,
+            "checkpoint.filename": "best-{epoch:03d}-{step:08d}",
+            "checkpoint.auto_insert_metric_name": False,
+        })
+        parser.add_lightning_class_args(SpotCheckpoint, "spot")
+        parser.add_lightning_class_args(CostTracker, "cost")
+        parser.add_lightning_class_args(ElasticResume, "elastic")
+        # dollars move slowly: a point every 100 steps draws the curve at a tenth of the store writes
+        parser.set_defaults({"cost.log_every_n_steps": 100})
+
+    # ------------------------------------------------------------ run context
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config
+        check_devices(cfg.trainer)
+        apply_cpu_threads(cfg.get("cpu_threads", "auto"))
+        experiment = cfg.experiment
+        inherited = os.environ.get(ENV_RUN_NAME) if launched_by_parent() else None
+        run_name = cfg.run_name if cfg.run_name is not None else (inherited or default_run_name())
+        # names are directories under the runs root: they must stay inside it; URLs carry no credentials
+        check_name("--experiment", experiment)
+        check_name("--run_name", run_name)
+        for flag in ("runs_root", "staging_root", "ckpt_path"):
+            check_location(f"--{flag}", cfg.get(flag))
+        run_url = None
+        if remote_store.is_remote(cfg.runs_root):
+            run_url = remote_store.join(cfg.runs_root, experiment, run_name)
+            run_dir = Path(cfg.staging_root) / experiment / run_name
+            if not launched_by_parent():  # the launching process has checked
+                try:
+                    remote_store.check_writable(cfg.runs_root)
+                except StoreError as err:
+                    raise UsageError(f"--runs_root {err}") from err
+        else:
+            run_dir = remote_store.local_path(cfg.runs_root) / experiment / run_name
+        tracking_uri = tracking.tracking_uri()
+        self.context = RunContext(experiment, run_name, run_dir, tracking_uri, None, None, run_url)
+        if not launched_by_parent():  # the launching process decides; the ranks it starts inherit
+            check_tracking_server(tracking_uri)
+            self._lock_run(self.context, cfg.runs_root)
+            try:
+                tracking.ensure_store(tracking_uri)
+            except TrackingError as err:
+                self._release_lock()
+                raise UsageError(str(err)) from err
+        try:
+            ckpt_path, run_id = resolve_resume(cfg, self.context)
+            if not launched_by_parent() and not cfg.fresh:
+                client = mlflow.MlflowClient(tracking_uri)
+                # the run's own MLflow record (also of a run killed before its first checkpoint), never the one
+                # a checkpoint of another run names
+                run_id = mlflow_run_of(client, self.context, ckpt_path, run_id, explicit=bool(cfg.ckpt_path))
+                if run_id:
+                    self._refuse_ignored_changes(client, run_id, cfg)
+                    if ckpt_path and not cfg.ckpt_path:
+                        self._stop_if_complete(client, run_id, cfg, ckpt_path)
+            self.context.ckpt_path, self.context.mlflow_run_id = ckpt_path, run_id
+            if self.context.resume_note:
+                log.warning("%s", self.context.resume_note)
+            # ranks that Lightning launches re-run this command: tell them what was decided
+            os.environ[ENV_RUN_NAME] = run_name
+            os.environ[ENV_CKPT_PATH] = ckpt_path or ""
+            os.environ[ENV_MLFLOW_RUN_ID] = run_id or ""
+            for key in ("checkpoint", "spot"):
+                if cfg[key].get("dirpath") is None:
+                    cfg[key]["dirpath"] = str(self.context.checkpoint_dir)
+            self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": str(run_dir)}
+        except BaseException:
+            self._release_lock()  # refused or failed at start-up: an in-process caller may launch it again
+            raise
+
+    def _lock_run(self, ctx: RunContext, runs_root: str) -> None:
+        """Hold the run directory for this process's life (global rank 0 only): a second launch is refused."""
+        if global_rank_from_env() != 0:
+            return
+        lock = RunLock(ctx.run_dir)
+        try:
+            lock.acquire()
+        except RunLocked as held:
+            raise UsageError(f"run {ctx.experiment}/{ctx.run_name} is already running ({held}); wait for it to "
+                             "end, or choose another --run_name.") from None
+        except OSError as err:
+            raise UsageError(f"--runs_root {redact(runs_root)}: cannot write the run directory {ctx.run_dir} "
+                             f"({err.strerror or err}).") from None
+        self.lock = lock
+
+    def _release_lock(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _refuse_ignored_changes(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace) -> None:
+        """Stop a resume whose config changes something the restored training state would override."""
+        try:
+            logged = client.get_run(run_id).data.params
+        except mlflow.exceptions.MlflowException:
+            return  # a run id from a checkpoint of another store: nothing to compare
+        refused = refused_changes(logged, flatten(cfg))
+        if refused:
+            changes = ", ".join(f"{k} ({old} -> {new})" for k, old, new in refused)
+            raise UsageError(f"run {cfg.experiment}/{self.context.run_name if self.context else ''} was started with "
+                             f"another config; resuming would keep the checkpoint's training state and ignore: "
+                             f"{changes}. Relaunch with the original values, or start over with --fresh true or a "
+                             "new --run_name.")
+
+    def _stop_if_complete(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace, ckpt_path: str) -> None:
+        """A FINISHED run relaunched with the same length of training has nothing to do: say so instead of resuming."""
+        try:
+            run = client.get_run(run_id)
+        except mlflow.exceptions.MlflowException:
+            return
+        length = {k: v for k, v in flatten(cfg).items() if k in ("trainer.max_epochs", "trainer.max_steps",
+                                                                 "trainer.max_time")}
+        if run.info.status != "FINISHED" or any(run.data.params.get(k, v) != v for k, v in length.items()):
+            return
+        record = ckpt_store.read_record(ckpt_path, verify_hash=False)
+        step = f" at step {record.global_step}" if record else ""
+        monitor = cfg.checkpoint.monitor
+        metric = run.data.metrics.get(monitor) if monitor else None
+        shown = f", {monitor} {metric:.4f}" if metric is not None else ""
+        assert self.context is not None
+        raise AlreadyComplete(f"run {cfg.experiment}/{self.context.run_name} is already complete (finished{step}"
+                              f"{shown}; MLflow run {run_id}). To train longer, relaunch with a larger "
+                              "--trainer.max_epochs (or --trainer.max_steps); to start over, add --fresh true or "
+                              "choose a new --run_name.")
+
+    # ---------------------------------------------------------------- trainer
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        assert self.context is not None
+        ctx = self.context
+        config = dict(config)
+        nodes = torchrun_nodes()
+        if nodes is not None and config.get("num_nodes", 1) != nodes:  # torchrun --nnodes MIN:MAX: the round's
+            if global_rank_from_env() == 0:
+                print(f"torchrun: this rendezvous round has {nodes} node(s); training on {nodes} "
+                      f"(trainer.num_nodes was {config.get('num_nodes', 1)}).", file=sys.stderr)
+            config["num_nodes"] = nodes
+        seed = self.config.get("seed_everything")
+        extra: list[Callback] = [Manifest(ctx.run_dir, seed=seed if isinstance(seed, int) else None,
+                                          argv=[redact(arg) for arg in sys.argv]),
+                                 Baselines(metric=self.config.checkpoint.monitor or "val/acc")]
+        if ctx.run_url is not None:
+            extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
+        extra.append(RelocateCheckpointState())
+        extra.append(WrapUpSignals())
+        if self.config.log_model:
+            extra.append(LogModel(defer=True))  # logged by fit() once trainer.fit has returned
+        user_callbacks = list(config.get("callbacks") or []) + callbacks
+        threads = cpu_thread_callback(self.config.get("cpu_threads", "auto"), user_callbacks)
+        if threads is not None:
+            extra.append(threads)
+        if not any(isinstance(cb, StepTiming) for cb in user_callbacks):  # a config may bring its own
+            extra.append(StepTiming())
+        if config.get("enable_progress_bar", True) is not False and not any(
+                isinstance(cb, ProgressBar) for cb in user_callbacks):
+            extra.append(RunProgressBar(leave=True))
+        if config.get("logger") in (None, True):
+            # one writer thread: batches are written in the order they were logged (MLflow's default of
+            # 10 workers may write two windows out of order)
+            os.environ.setdefault(ASYNC_LOGGING_THREADS_ENV, "1")
+            os.environ.setdefault(ASYNC_LOGGING_BUFFER_ENV, ASYNC_LOGGING_BUFFER_S)
+            # a relaunch logs no point the run holds already: its history stays an uninterrupted run's
+            config["logger"] = ResumableMLFlowLogger(
+                experiment_name=ctx.experiment,
+                run_name=ctx.run_name,
+                tracking_uri=ctx.tracking_uri,
+                run_id=ctx.mlflow_run_id,
+                # created with the run, atomically: a relaunch finds the run even if killed a moment later
+                tags={**search_tags(self.config), **(run_tags() or {}), RUN_DIR_TAG: ctx.identity},
+                # metrics go through MLflow's async queue: a sqlite/HTTP write per logging window on the
+                # training thread cost milliseconds a step. set_terminated (Lightning's finalize, and
+                # ours on failure) drains it before the run ends, an atexit hook at process exit.
+                synchronous=False,
+            )
+        plugins = config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            io = AtomicCheckpointIO(mirror=ctx.remote_checkpoints())
+            plugins.append(BoundedAsyncCheckpointIO(io) if self.config.async_checkpoint else io)
+        config["plugins"] = plugins
+        trainer = super()._instantiate_trainer(config, callbacks + extra)
+        for callback in trainer.callbacks:
+            if isinstance(callback, StepTiming):
+                callback.defer_plot = True  # drawn by fit() once trainer.fit has returned
+        return trainer
+
+    # ------------------------------------------------------------------ fit
+    def mlflow_logger(self) -> MLFlowLogger | None:
+        return next((lg for lg in self.trainer.loggers if isinstance(lg, MLFlowLogger)), None)
+
+    def spot(self) -> SpotCheckpoint | None:
+        return next((cb for cb in self.trainer.callbacks if isinstance(cb, SpotCheckpoint)), None)
+
+    def fit(self) -> int:
+        """Train, then report; returns the process exit code."""
+        assert self.context is not None
+        ctx = self.context
+        logger = self.mlflow_logger()
+        monitor = None
+        run_id: str | None = None  # once the MLflow run exists (rank zero): whatever stops the launch ends it
+        self._prepare_data()
+        if logger is not None and self.trainer.is_global_zero:
+            mlflow.set_tracking_uri(ctx.tracking_uri)
+            tracking.ensure_experiment(mlflow.MlflowClient(ctx.tracking_uri), ctx.experiment)  # races tolerated
+        try:
+            if logger is not None and self.trainer.is_global_zero:
+                client, run_id = logger.experiment, logger.run_id  # creates the run, or reopens a resumed one
+                if ctx.mlflow_run_id:
+                    client.update_run(run_id, status="RUNNING")
+                os.environ[ENV_MLFLOW_RUN_ID] = run_id
+                monitor = self._start_system_metrics(run_id, resume=bool(ctx.mlflow_run_id))
+            start = time.monotonic()
+            with frozen_setup_objects(), cheap_gpu_checks():
+                # checkpoints may come from a shared bucket: never unpickle code from them
+                self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ctx.ckpt_path,
+                                 weights_only=True)
+        except BaseException as err:
+            if logger is not None and run_id is not None:
+                # never leave the run RUNNING: a stopped attempt is KILLED (the relaunch continues it)
+                stopped = isinstance(err, (Interrupted, KeyboardInterrupt, SIGTERMException)) or (
+                    isinstance(err, Exception) and lost_peer(err) is not None)
+                try:
+                    logger.experiment.set_terminated(run_id, "KILLED" if stopped else "FAILED")
+                except Exception as mark_err:  # the store itself may be what failed
+                    log.error("Could not mark MLflow run %s as ended: %s", run_id, mark_err)
+            raise
+        finally:
+            if logger is not None and self.trainer.is_global_zero:
+                flush_async_metrics()  # what on_fit_end logged after Lightning's finalize, too
+            if monitor is not None:
+                monitor.finish()
+        duration = time.monotonic() - start
+        spot = self.spot()
+        interrupted = spot is not None and spot.interrupted
+        self._after_fit(logger)
+        if logger is not None and self.trainer.is_global_zero and interrupted:
+            logger.experiment.set_terminated(logger.run_id, "KILLED")
+        if self.trainer.is_global_zero:
+            self.print_summary(duration, interrupted)
+        destroy_process_group()  # every rank got here; recipes.fit then ends the process (recipes.run.shutdown)
+        return REQUEUE_EXIT_CODE if interrupted else 0
+
+    def _after_fit(self, logger: MLFlowLogger | None) -> None:
+        """What the callbacks deferred past ``trainer.fit``, off the training loop: the time plot and the model."""
+        try:
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, StepTiming):
+                    callback.write_deferred_plot()
+                elif isinstance(callback, LogModel):
+                    callback.log_deferred()
+        except BaseException:
+            if logger is not None and self.trainer.is_global_zero and logger.run_id:
+                logger.experiment.set_terminated(logger.run_id, "FAILED")
+            raise
+
+    def _prepare_data(self) -> None:
+        """Download or check the data before any MLflow run exists: missing data is bad input, not a failed run.
+
+        Lightning calls ``prepare_data`` again inside ``fit``; the datamodules make that a no-op once
+        their files are in place.
+        """
+        if launched_by_parent() or int(os.environ.get("LOCAL_RANK", "0")) != 0:
+            return
+        prepare = getattr(self.datamodule, "prepare_data", None)
+        if prepare is None:
+            return
+        try:
+            prepare()
+        except (OSError, RuntimeError) as err:
+            raise UsageError(" ".join(str(err).split()) or repr(err)) from err
+
+    @staticmethod
+    def _start_system_metrics(run_id: str, resume: bool) -> Any:
+        """MLflow's system-metrics sampler; a continued run's samples carry on from its last sample's step."""
+        monitor = system_metrics_monitor(run_id, sampling_interval=10, samples_before_logging=1, resume_logging=resume)
+        if monitor is not None:
+            monitor.start()
+        return monitor
+
+    def print_summary(self, duration: float, interrupted: bool) -> None:
+        """A rich table: final metrics, baselines and lift, duration, where the run is in MLflow."""
+        assert self.context is not None
+        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
+                   if isinstance(v, (torch.Tensor, float, int)) and torch.as_tensor(v).numel() == 1}
+        title = "atscale run — INTERRUPTED (relaunch the same command to resume)" if interrupted \
+            else "atscale run — finished"
+        table = Table(title=title, show_header=False)
+        table.add_column("key", style="cyan")
+        table.add_column("value")
+        for key in sorted(metrics):
+            table.add_row(key, f"{metrics[key]:.4f}")
+        for callback in self.trainer.callbacks:
+            if hasattr(callback, "summary_rows"):
+                for key, value in callback.summary_rows(metrics):
+                    table.add_row(key, value)
+        table.add_row("duration", f"{duration:.1f} s (global step {self.trainer.global_step})")
+        logger = self.mlflow_logger()
+        if logger is not None:
+            table.add_row("mlflow", f"experiment {self.context.experiment!r}, run {logger.run_id}")
+            table.add_row("tracking", redact(self.context.tracking_uri))
+            page = tracking.run_page_url(self.context.tracking_uri, getattr(logger, "experiment_id", None) or "0",
+                                         logger.run_id)
+            if page is not None:
+                table.add_row("view", f"{page} (the Training runs tab; charts under Model metrics)")
+        table.add_row("run dir", redact(self.context.location))
+        console = Console(stderr=False)
+        if not console.is_terminal:  # a log file or a pipe: as wide as the longest row, so paths print whole
+            widest = [max((len(c) for c in column.cells if isinstance(c, str)), default=0) for column in table.columns]
+            console = Console(stderr=False, width=max(100, sum(widest) + 3 * len(widest) + 1))  # + borders, padding
+        console.print(table)
+
+
+def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
+    """Parse, build and fit; bad input -> one line on stderr and exit code 2.
+
+    Until SpotCheckpoint takes the signals over at the start of training (and after it gives them
+    back), SIGTERM and SIGINT unwind the process: nothing is left half-written, the MLflow run (if one
+    was opened) is marked KILLED, and the exit code is 75 (relaunch to resume) or 130 (Ctrl-C).
+    """
+    reset_stop_signals()
+    code = _run_cli(args, **kwargs)
+    training_over()
+    if stopping() or code in (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE):  # a stop: nothing more to do
+        ignore_stop_signals()
+    return rank_exit_code(code, launched_by_parent())
+
+
+def _run_cli(args: list[str] | None, **kwargs: Any) -> int:
+    quiet_known_noise()
+    install_stop_signals()
+    cli: AtscaleCLI | None = None
+    kwargs.setdefault("parser_kwargs", {})
+    kwargs["parser_kwargs"] = {"exit_on_error": False, **kwargs["parser_kwargs"]}
+    try:
+        cli = AtscaleCLI(args=args, **kwargs)
+        try:
+            return cli.fit()
+        finally:
+            cli._release_lock()  # this launch is over: an in-process caller (tests, a bench) may launch it again
+    except AlreadyComplete as done:
+        print(done)
+        return 0
+    except argparse.ArgumentError as err:  # jsonargparse's parse errors: the message, not the 70-line usage
+        print(f"error: {redact(parse_error_message(str(err)))}\n"
+              f"(python -m recipes.fit --help lists every option)", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    except (UsageError, MisconfigurationException, ValueError, TypeError, FileNotFoundError) as err:
+        if cli is not None and not isinstance(err, UsageError):
+            raise  # past start-up these are failures, not bad input
+        message = str(err)
+        if message.startswith("Does not validate against any of the Union subtypes"):  # raised while instantiating
+            message = parse_error_message(message)
+        print(f"error: {redact(message)}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    except (Interrupted, KeyboardInterrupt, SIGTERMException) as err:
+        signum = err.signum if isinstance(err, Interrupted) else (
+            signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
+        print(f"interrupted ({signal.Signals(signum).name}): the run stopped; relaunch the same command to resume it.",
+              file=sys.stderr)
+        return SIGINT_EXIT_CODE if signum == signal.SIGINT else REQUEUE_EXIT_CODE
+    except Exception as err:
+        peer = lost_peer(err)
+        if peer is not None:
+            print(f"error: a peer process was lost ({peer}): the run stopped; relaunch to resume it from its newest "
+                  "checkpoint (torchrun --nnodes MIN:MAX restarts on the nodes left).", file=sys.stderr)
+            return REQUEUE_EXIT_CODE
+        disk = disk_error(err)
+        if disk is None:
+            raise
+        print(f"error: {redact(str(disk))}. The run stopped; make room and relaunch the same command to resume "
+              "from the newest good checkpoint.", file=sys.stderr)
+        return 1
+

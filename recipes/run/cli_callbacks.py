@@ -1,0 +1,134 @@
+"""The CLI's own callbacks: the run's config into its directory and MLflow, run files into object storage,
+and ModelCheckpoint's best-k record kept across a resume on another machine."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from jsonargparse import Namespace
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
+from lightning.pytorch.loggers import MLFlowLogger
+
+from callbacks.storage import remote_store
+from callbacks.utils.steps_file import PROGRESS_FILE
+from recipes.run.context import flatten
+from recipes.run.tracking import redact
+
+log = logging.getLogger(__name__)
+
+
+def log_params_once(client: mlflow.MlflowClient, run_id: str, params: dict[str, str]) -> list[str]:
+    """Log params the run does not have yet; a resumed run whose config changed gets tags instead.
+
+    MLflow refuses to change a logged param, so changed values are recorded as
+    ``config_changed.<key>`` tags (and returned) rather than failing the resume.
+    """
+    existing = client.get_run(run_id).data.params
+    new = {k: v for k, v in params.items() if k not in existing}
+    changed = [k for k, v in params.items() if k in existing and existing[k] != v]
+    items = [mlflow.entities.Param(k, v) for k, v in new.items()]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start:start + 100])
+    for key in changed:
+        client.set_tag(run_id, f"config_changed.{key}"[:250], params[key])
+    return changed
+
+
+class TrackedConfig(SaveConfigCallback):
+    """Write the resolved ``config.yaml`` into the run directory and log it (and its params) to MLflow."""
+
+    def __init__(self, parser: LightningArgumentParser, config: Namespace, run_dir: str = ".",
+                 **kwargs: Any) -> None:
+        super().__init__(parser, config, save_to_log_dir=False, **kwargs)
+        self.run_dir = Path(run_dir)
+
+    def save_config(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.run_dir / "config.yaml"
+        self.parser.save(self.config, str(path), skip_none=False, overwrite=True, multifile=False)
+        text = path.read_text()
+        if redact(text) != text:  # a password in a URL (e.g. --spot.metadata_url) is never stored
+            path.write_text(redact(text))
+        for logger in trainer.loggers:
+            if isinstance(logger, MLFlowLogger) and logger.run_id:
+                changed = log_params_once(logger.experiment, logger.run_id, flatten(self.config))
+                if changed:
+                    log.warning("Resumed with a changed config: %s (recorded as config_changed.* tags).",
+                                ", ".join(changed))
+                logger.experiment.log_artifact(logger.run_id, str(path))
+
+
+class UploadRunFiles(Callback):
+    """Copy the run's config.yaml, manifest.json and cost sidecar to its object-storage directory (rank 0).
+
+    At train start (they are written at setup and fit start) and again at teardown (a finished run,
+    or one stopped by a notice). A failed upload is logged, never fatal: the checkpoints matter more.
+    """
+
+    FILES = ("config.yaml", "manifest.json", f"checkpoints/{PROGRESS_FILE}")
+
+    def __init__(self, run_dir: Path, run_url: str) -> None:
+        self.run_dir, self.run_url = Path(run_dir), run_url
+
+    def upload(self) -> None:
+        try:
+            for name in self.FILES:
+                if (self.run_dir / name).exists():
+                    remote_store.put_file(self.run_dir / name, remote_store.join(self.run_url, name))
+        except Exception as err:  # never end (or mask the outcome of) the run for these
+            log.warning("Could not upload the run files to %s: %s", self.run_url, err)
+
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        if trainer.is_global_zero:
+            self.upload()
+
+    def teardown(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        if trainer.is_global_zero:
+            self.upload()
+
+
+def relocate_checkpoint_state(state: dict[str, Any], dirpath: str) -> bool:
+    """Point a ModelCheckpoint state saved under another absolute directory at ``dirpath``; True if moved.
+
+    ModelCheckpoint stores absolute paths and forgets its best-k bookkeeping when the directory
+    differs, which it does whenever a run resumes on another machine or from another working
+    directory. Paths are moved only when the old directory is the same run's (the same last three
+    parts: ``<experiment>/<run>/checkpoints``); the checkpoints themselves live on in object storage.
+    """
+    old = state.get("dirpath")
+    if not old or old == dirpath or Path(old).parts[-3:] != Path(dirpath).parts[-3:]:
+        return False
+
+    def move(path: Any) -> Any:
+        if isinstance(path, str) and path.startswith(old.rstrip("/") + "/"):
+            return dirpath.rstrip("/") + path[len(old.rstrip("/")):]
+        return path
+
+    state["dirpath"] = dirpath
+    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+        if key in state:
+            state[key] = move(state[key])
+    if isinstance(state.get("best_k_models"), dict):
+        state["best_k_models"] = {move(k): v for k, v in state["best_k_models"].items()}
+    return True
+
+
+class RelocateCheckpointState(Callback):
+    """Keep ModelCheckpoint's best-k record across a resume on another machine (see ``relocate_checkpoint_state``).
+
+    Without it, a relaunch elsewhere starts a fresh best-k list and leaves the old best checkpoints
+    in the bucket for good.
+    """
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("callbacks") or {}
+        for callback in trainer.checkpoint_callbacks:
+            state = states.get(callback.state_key)
+            if isinstance(callback, ModelCheckpoint) and callback.dirpath and isinstance(state, dict) \
+                    and relocate_checkpoint_state(state, callback.dirpath):
+                log.info("ModelCheckpoint state moved from another directory to %s.", callback.dirpath)

@@ -1,0 +1,39 @@
+"""The recipes' couplings to private internals of CPython, Lightning and MLflow, each in one place.
+
+Each reaches into something its library does not promise to keep, because no public route does the
+job; ``tests/unit/recipes/run/test_compat.py`` has a test per coupling that fails, naming it, when an
+upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3.17:
+
+- ``threading._shutdown`` and ``atexit._run_exitfuncs``, what the interpreter's exit runs before its
+  finalization, stay in ``recipes/run/shutdown.py``, which users copy alone; ``tests/unit/recipes/run/test_shutdown.py``
+  fails when they break.
+- :func:`system_metrics_monitor`: MLflow's system-metrics sampler, whose class lives in a module MLflow does
+  not export; started by hand to continue a resumed run's samples from their last step.
+- :func:`mlflow_schema_head`: the alembic revision MLflow's SQL store is at when complete; the chaos soak's
+  observer (``recipes/soak/observe.py``'s ``Store``) opens an ``MlflowClient`` only on a store at it, since a client
+  migrates one below it.
+- Method overrides (not functions, so they stay in their classes; their signatures are tested here):
+  ``LightningCLI._instantiate_trainer`` in ``recipes/run/cli.py`` (the one hook that receives the trainer's
+  config and the callbacks from the config together) and ``ThroughputMonitor._compute`` in
+  ``callbacks/throughput.py`` (where Lightning's monitor names and logs its metrics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def system_metrics_monitor(run_id: str, **kwargs: Any) -> Any:
+    """MLflow's ``SystemMetricsMonitor`` for ``run_id`` (None when MLflow's system metrics cannot run here)."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    except ImportError:  # psutil missing
+        return None
+    return SystemMetricsMonitor(run_id, **kwargs)
+
+
+def mlflow_schema_head() -> str:
+    """The alembic revision of a complete MLflow SQL store (MLflow checks a store against it as its client opens it)."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return _get_latest_schema_revision()

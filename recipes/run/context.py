@@ -1,0 +1,347 @@
+"""Where a run lives and what it resumes from: the run context and the resume policy, without Lightning's CLI.
+
+Resume policy, in order:
+
+1. a rank started by the launching process takes what that process decided (``ATSCALE_CKPT_PATH``,
+   ``ATSCALE_MLFLOW_RUN_ID``);
+2. ``--ckpt_path``: that checkpoint (local, or downloaded from object storage), verified against its
+   integrity record and torch's safe unpickler first;
+3. ``--fresh``: start over, the previous checkpoints moved aside (never deleted);
+4. else the newest checkpoint that verifies, in the run directory or, for object-storage runs, in the
+   bucket (a newer one staged on this machine by the same MLflow run is uploaded first).
+
+Config changes on resume: only :data:`RESUMABLE_CHANGES` may differ from the run's logged params
+(:func:`refused_changes`); any other change would be ignored by the restored training state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import Namespace
+
+from callbacks.storage import ckpt_store, remote_store
+from callbacks.storage.remote_store import RemoteCheckpoints, StoreError
+from callbacks.utils.steps_file import PROGRESS_FILE
+from recipes.run import tracking
+from recipes.run.common import (
+    ENV_CKPT_PATH,
+    ENV_MLFLOW_RUN_ID,
+    ENV_PARENT_RUN_ID,
+    ENV_RUN_NAME,
+    ENV_RUN_TAGS,
+    UsageError,
+)
+from recipes.run.tracking import redact
+
+log = logging.getLogger(__name__)
+
+_MAX_PARAM_LENGTH = 6000
+#: Config keys that may change when a run is resumed: they take effect (and are recorded as
+#: ``config_changed.*`` tags). Any other change would be ignored by the restored training state.
+RESUMABLE_CHANGES = (
+    "config", "experiment", "run_name", "runs_root", "staging_root", "ckpt_path", "fresh", "async_checkpoint",
+    "cpu_threads", "elastic",
+    "log_model", "spot", "cost", "checkpoint.dirpath", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time",
+    "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps", "trainer.devices",
+    "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
+)
+
+@dataclass
+class RunContext:
+    """Where a run lives and what it resumes from."""
+
+    experiment: str
+    run_name: str
+    run_dir: Path
+    tracking_uri: str
+    ckpt_path: str | None
+    mlflow_run_id: str | None
+    #: The run directory in object storage (``run_dir`` is then its local staging copy).
+    run_url: str | None = None
+    #: What the run resumes from, said once every check has passed.
+    resume_note: str | None = None
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def identity(self) -> str:
+        """What names this run's files for MLflow's ``atscale.run_dir`` tag: the URL, else the absolute directory."""
+        return redact(self.run_url) if self.run_url else str(self.run_dir.resolve())
+
+    @property
+    def location(self) -> str:
+        """Where the run's files are kept for good: the object-storage URL, else the local directory."""
+        return self.run_url or str(self.run_dir)
+
+    def remote_checkpoints(self) -> RemoteCheckpoints | None:
+        """The run's checkpoint directory in object storage, mirrored from ``checkpoint_dir``."""
+        if self.run_url is None:
+            return None
+        return RemoteCheckpoints(remote_store.join(self.run_url, "checkpoints"), self.checkpoint_dir)
+
+
+#: What a run or experiment name may be: one path component that stays where it is put (``<runs_root>/<experiment>/
+#: <run_name>``, locally and in object storage): a letter or digit, then letters, digits and ``. _ - + = @``.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,127}")
+NAME_RULE = ("one name of 1-128 letters, digits and . _ - + = @, starting with a letter or digit (no '/', no '..': "
+             "it names a directory inside the runs root)")
+
+
+def check_name(flag: str, value: object) -> str:
+    """``value`` if it is a valid run or experiment name (:data:`NAME_PATTERN`), else :class:`UsageError` naming it.
+
+    The names become directories under the runs root: ``/``, ``..``, ``.`` or an empty name would
+    write outside it, into the filesystem root or the working directory, or make the experiment's own
+    folder a run directory.
+    """
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise UsageError(f"{flag} {value!r} is not a valid name: expected {NAME_RULE}.")
+    return value
+
+
+def check_location(flag: str, value: object) -> None:
+    """Refuse (:class:`UsageError`) a storage URL with credentials in it (``file://user:password@host/...``).
+
+    A location is stored with the run (params, tags, ``config.yaml``) and printed; the credentials
+    would be too. Object stores take theirs from their own configuration (``AWS_ACCESS_KEY_ID`` and
+    ``AWS_SECRET_ACCESS_KEY``, ``GOOGLE_APPLICATION_CREDENTIALS``, ``AZURE_STORAGE_*``).
+    """
+    if isinstance(value, str) and tracking.has_credentials(value):
+        shown = tracking.mask_userinfo(value)
+        raise UsageError(f"{flag} {shown}: credentials in a storage URL would be stored with the run and printed; "
+                         "give them through the store's own configuration (e.g. AWS_ACCESS_KEY_ID and "
+                         "AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS), not in the URL.")
+
+
+def global_rank_from_env() -> int:
+    """This process's rank as the launcher (torchrun, SLURM, Lightning) announced it; 0 if none."""
+    for key in ("RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0 if os.environ.get("LOCAL_RANK", "0") == "0" else int(os.environ["LOCAL_RANK"])
+
+
+def launched_by_parent() -> bool:
+    """Whether Lightning started this process as a further rank of a CLI process that decided the run."""
+    return int(os.environ.get("LOCAL_RANK", "0")) > 0 and ENV_RUN_NAME in os.environ
+
+
+def default_run_name() -> str:
+    """A run name every rank and every relaunch of one scheduled job agrees on, when there is one."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"slurm-{os.environ.get('SLURM_ARRAY_JOB_ID') or os.environ['SLURM_JOB_ID']}" + (
+            f"-{os.environ['SLURM_ARRAY_TASK_ID']}" if os.environ.get("SLURM_ARRAY_TASK_ID") else "")
+    if os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
+        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("several processes were launched without a shared run name: pass --run_name NAME "
+                         "(or torchrun --rdzv-id ID) so that every rank writes to the same run.")
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def torchrun_nodes() -> int | None:
+    """The number of nodes in this torchrun rendezvous round, or None when torchrun did not start the process.
+
+    In torchrun's elastic mode (``--nnodes MIN:MAX``) a round has as many nodes as joined it: after a node is
+    lost the survivors restart with fewer, so ``trainer.num_nodes`` follows the round (Lightning checks that
+    devices x nodes is the world size). ``GROUP_WORLD_SIZE`` is torchrun's count; world / local world is the same.
+    """
+    if os.environ.get("TORCHELASTIC_RUN_ID", "none") == "none":
+        return None
+    group = os.environ.get("GROUP_WORLD_SIZE", "")
+    if group.isdigit() and int(group) >= 1:
+        return int(group)
+    world, local = os.environ.get("WORLD_SIZE", ""), os.environ.get("LOCAL_WORLD_SIZE", "")
+    if world.isdigit() and local.isdigit() and int(local) >= 1 and int(world) % int(local) == 0:
+        return int(world) // int(local)
+    return None
+
+
+def run_tags() -> dict[str, str] | None:
+    """Tags for a new MLflow run from the environment: ``ATSCALE_RUN_TAGS`` (JSON) and a sweep's parent run."""
+    tags = json.loads(os.environ.get(ENV_RUN_TAGS) or "{}")
+    if os.environ.get(ENV_PARENT_RUN_ID):
+        tags["mlflow.parentRunId"] = os.environ[ENV_PARENT_RUN_ID]
+    return tags or None
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """Nested config -> ``{"a.b.c": "value"}`` for MLflow params."""
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if isinstance(value, dict):
+        out: dict[str, str] = {}
+        for key, sub in value.items():
+            out.update(flatten(sub, f"{prefix}{key}."))
+        return out
+    text = json.dumps(value, default=str) if isinstance(value, (list, tuple)) else str(value)
+    return {prefix.rstrip("."): redact(text)[:_MAX_PARAM_LENGTH]}
+
+
+def resumable_change(key: str) -> bool:
+    """Whether config key ``key`` may differ on resume (see :data:`RESUMABLE_CHANGES`)."""
+    return any(key == p or key.startswith(p + ".") for p in RESUMABLE_CHANGES)
+
+
+def refused_changes(logged: dict[str, str], params: dict[str, str]) -> list[tuple[str, str, str]]:
+    """``(key, logged value, new value)`` of every change a resume would record but not apply."""
+    return [(k, logged[k], v) for k, v in sorted(params.items())
+            if k in logged and logged[k] != v and not resumable_change(k)]
+
+
+
+def resolve_resume(cfg: Namespace, ctx: RunContext) -> tuple[str | None, str | None]:
+    """The checkpoint a launch resumes from and its MLflow run id, by the resume policy (module docstring).
+
+    Raises:
+        UsageError: an explicit checkpoint that cannot be used, or checkpoints none of which verifies.
+    """
+    if launched_by_parent():  # a rank launched by the process that decided
+        return os.environ[ENV_CKPT_PATH] or None, os.environ.get(ENV_MLFLOW_RUN_ID) or None
+    checkpoint_dir, remote = ctx.checkpoint_dir, ctx.remote_checkpoints()
+    if cfg.ckpt_path:
+        return explicit_checkpoint(cfg.ckpt_path, checkpoint_dir)
+    try:
+        if cfg.fresh:
+            if global_rank_from_env() == 0:
+                suffix = f"before-{time.strftime('%Y%m%d-%H%M%S')}"
+                if checkpoint_dir.exists():
+                    aside = checkpoint_dir.with_name(f"checkpoints.{suffix}")
+                    shutil.move(checkpoint_dir, aside)
+                    log.warning("--fresh: previous checkpoints moved to %s", aside)
+                if remote is not None and (moved := remote.move_aside(suffix)):
+                    log.warning("--fresh: previous checkpoints moved to %s", moved)
+            return None, None
+        record = ckpt_store.newest_good(checkpoint_dir)
+        if remote is not None:
+            record = newest_of_bucket_and_staging(remote, record)
+            if record is not None:  # the steps the lost machine ran, for the cost
+                remote_store.get_if_missing(remote.object_url(PROGRESS_FILE), checkpoint_dir / PROGRESS_FILE)
+        unverified = len(remote.records()) if remote is not None else len(ckpt_store.candidates(checkpoint_dir))
+    except (OSError, StoreError) as err:
+        raise UsageError(f"cannot read the checkpoints of {ctx.location}: {err}") from err
+    if record is None and unverified:
+        # starting over here would be pruned against the broken records: stop and say so
+        raise UsageError(f"none of the {unverified} checkpoint(s) of {ctx.location} verifies (see the warnings "
+                         "above); pass --ckpt_path to choose one, or --fresh true to set them aside.")
+    if record is None:
+        return None, None
+    source = remote.object_url(record.path.name) if remote else record.path
+    fetched = remote.last_fetch if remote else None
+    how = f"; downloaded {fetched[0] / 2**20:.1f} MiB in {fetched[1]:.1f} s" if fetched else ""
+    ctx.resume_note = f"Resuming from {source} (step {record.global_step}{how})."
+    return str(record.path), record.extra.get("mlflow_run_id")
+
+def newest_of_bucket_and_staging(remote: RemoteCheckpoints, staged: ckpt_store.CheckpointRecord | None,
+                                  ) -> ckpt_store.CheckpointRecord | None:
+    """The bucket's newest good checkpoint, unless this machine staged a newer one of the same run.
+
+    A relaunch on the same machine after an upload failed (or was killed) must not go back in time:
+    the newer staged checkpoint is uploaded first, then resumed from. A staged checkpoint of another
+    MLflow run (the bucket was started afresh elsewhere) never wins over the bucket.
+    """
+    fetched = remote.fetch_newest_good()
+    if staged is None:
+        return fetched
+    if fetched is None:
+        newer = not remote.records()  # an empty bucket: every upload of this run failed
+    else:
+        same_run = staged.extra.get("mlflow_run_id") == fetched.extra.get("mlflow_run_id")
+        newer = same_run and staged.global_step > fetched.global_step
+    if not newer:
+        return fetched
+    log.warning("The staged checkpoint %s (step %d) is newer than the bucket's; uploading it first.",
+                staged.path, staged.global_step)
+    remote.publish(staged.path)
+    return staged
+
+def explicit_checkpoint(ckpt_path: str, checkpoint_dir: Path) -> tuple[str, str | None]:
+    """``--ckpt_path``: a local checkpoint, or one in object storage downloaded and verified first."""
+    if remote_store.is_remote(ckpt_path):
+        parent, name = ckpt_path.rstrip("/").rsplit("/", 1)
+        try:
+            record = RemoteCheckpoints(parent, checkpoint_dir).fetch_named(name)
+        except (StoreError, OSError) as err:
+            raise UsageError(f"--ckpt_path {ckpt_path}: {err}") from err
+        if record is None:
+            raise UsageError(f"--ckpt_path {ckpt_path} is incomplete or corrupt (see the warning above).")
+        return str(record.path), record.extra.get("mlflow_run_id")
+    path = remote_store.local_path(ckpt_path)
+    if not path.exists():
+        raise UsageError(f"--ckpt_path {ckpt_path} does not exist.")
+    local = None
+    if ckpt_store.meta_path(path).exists():
+        local = ckpt_store.read_record(path)
+        if local is None:
+            raise UsageError(f"--ckpt_path {ckpt_path} does not match its integrity record (truncated, changed or "
+                             "unreadable; see the warning above); nothing was loaded.")
+    problem = ckpt_store.rejection(path)  # torch's safe unpickler; an allow-list for distributed metadata
+    if problem:
+        raise UsageError(f"--ckpt_path {ckpt_path} is not a checkpoint this run can load ({problem}).")
+    return str(path), local.extra.get("mlflow_run_id") if local else None
+
+
+def _belongs(client: Any, run: Any, ctx: RunContext) -> bool:
+    """Whether MLflow run ``run`` is the record of the run ``ctx`` describes (not merely one a checkpoint names).
+
+    Its ``atscale.run_dir`` tag names this run's files, or it has this run's experiment and name (the
+    run directory was moved, or copied to another machine, with its checkpoints).
+    """
+    if run.data.tags.get(tracking.RUN_DIR_TAG) == ctx.identity:
+        return True
+    experiment = client.get_experiment_by_name(ctx.experiment)
+    return (experiment is not None and run.info.experiment_id == experiment.experiment_id
+            and run.info.run_name == ctx.run_name)
+
+
+def mlflow_run_of(client: Any, ctx: RunContext, ckpt_path: str | None, ckpt_run_id: str | None,
+                  explicit: bool) -> str | None:
+    """The MLflow run this launch continues: the run it is launched as, never another run's.
+
+    A checkpoint names the MLflow run that wrote it. That run is continued only if it is this run's own
+    record (its ``atscale.run_dir`` tag names this run's files, or it has this run's experiment and name);
+    a checkpoint of another run (``--ckpt_path runs/digits/cc/...`` launched as ``other``) starts or
+    continues ``other``'s own record instead.
+    Otherwise the run's own record is found by its tag (a run killed before its first checkpoint), or
+    there is none and a new one is opened.
+
+    Raises:
+        UsageError: the newest checkpoint of this run directory was written by an MLflow run this tracking
+            store does not hold, and the store has no record of the run (launched against another store):
+            continuing silently would split the run's history and skip the config-change check.
+    """
+    from mlflow.exceptions import MlflowException
+
+    own = tracking.find_run(client, ctx.experiment, ctx.identity)
+    if ckpt_run_id is None or ckpt_run_id == own:
+        return own
+    try:
+        run = client.get_run(ckpt_run_id)
+    except MlflowException:
+        run = None
+    if run is not None and _belongs(client, run, ctx):
+        return ckpt_run_id
+    store = redact(ctx.tracking_uri)
+    if run is None and not explicit and own is None:
+        raise UsageError(
+            f"run {ctx.experiment}/{ctx.run_name} would resume from {ckpt_path}, written by MLflow run {ckpt_run_id}, "
+            f"which {store} does not hold (was it launched against another tracking store?). Set "
+            "MLFLOW_TRACKING_URI to the store that holds it; or pass --ckpt_path " f"{ckpt_path} to continue "
+            "training from it as a new MLflow run in this store; or --fresh true to start over.")
+    whose = "an MLflow run this store does not hold" if run is None else "another run's MLflow record"
+    target = f"its own MLflow run {own}" if own else f"a new MLflow run in {store}"
+    log.warning("--ckpt_path %s was written by %s (%s): %s/%s continues from it as %s.", ckpt_path, whose,
+                ckpt_run_id, ctx.experiment, ctx.run_name, target)
+    return own

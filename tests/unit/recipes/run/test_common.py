@@ -1,0 +1,57 @@
+"""The tools' shared plumbing, and the promise that tools which do not train import no torch or Lightning."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from recipes.run.common import USAGE_EXIT_CODE, ArgumentParser, UsageError, positive_ints, run_main
+from tests.conftest import REPO
+
+#: The tools that never train in their own process (scale, plan batch and reproduce train in subprocesses).
+LIGHT_TOOLS = ("compare", "promote", "plan", "planning.batch_runs", "planning.batch_report", "scale", "comm",
+               "reproduce", "common", "tracking")
+
+
+@pytest.mark.parametrize("tool", LIGHT_TOOLS)
+def test_tool_imports_neither_torch_nor_lightning(tool: str) -> None:
+    code = (f"import recipes.{tool}, sys; heavy = sorted(m for m in ('torch', 'lightning') if m in sys.modules); "
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_positive_ints_names_the_bad_item() -> None:
+    assert positive_ints("--devices", " 1, 2,8") == [1, 2, 8]
+    with pytest.raises(UsageError, match=r"^--devices: 'x' is not an integer >= 1 \(expected e.g. 1,2,4\)$"):
+        positive_ints("--devices", "1,x")
+    with pytest.raises(UsageError, match=r"^--workers: 0 must be >= 1 \(expected e.g. 2,8\)$"):
+        positive_ints("--workers", "2,0", "2,8")
+    with pytest.raises(UsageError, match=r"^--batches: -3 must be >= 1"):
+        positive_ints("--batches", "-3")
+
+
+def test_run_main_turns_usage_errors_and_ctrl_c_into_one_line_and_an_exit_code(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def bad() -> int:
+        raise UsageError("--metric 'val/ac' is not logged by any run")
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    assert run_main(bad) == USAGE_EXIT_CODE
+    assert capsys.readouterr().err == "error: --metric 'val/ac' is not logged by any run\n"
+    assert run_main(interrupted) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    assert run_main(lambda: 0) == 0
+
+
+def test_parser_raises_instead_of_printing_usage() -> None:
+    parser = ArgumentParser(prog="tool")
+    parser.add_argument("--n", type=int, required=True)
+    with pytest.raises(UsageError, match="the following arguments are required: --n"):
+        parser.parse_args([])
+    with pytest.raises(UsageError, match="argument --n: invalid int value: 'two'"):
+        parser.parse_args(["--n", "two"])

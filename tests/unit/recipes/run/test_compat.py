@@ -1,0 +1,40 @@
+"""One test per private coupling in ``recipes/run/compat.py``: each fails, naming it, when an upgrade breaks it."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from recipes.run import compat
+
+
+def test_system_metrics_monitor_is_mlflows_sampler() -> None:
+    monitor = compat.system_metrics_monitor("0" * 32, sampling_interval=10, samples_before_logging=1,
+                                            resume_logging=True)
+    assert monitor is not None and type(monitor).__name__ == "SystemMetricsMonitor", \
+        "compat.system_metrics_monitor: mlflow.system_metrics.system_metrics_monitor moved"
+    assert callable(monitor.start) and callable(monitor.finish)
+
+
+def test_the_private_methods_the_recipes_override_keep_their_signatures() -> None:
+    from lightning.pytorch.callbacks import ThroughputMonitor
+    from lightning.pytorch.cli import LightningCLI
+
+    assert list(inspect.signature(LightningCLI._instantiate_trainer).parameters) == ["self", "config", "callbacks"], \
+        "recipes/run/cli.py overrides LightningCLI._instantiate_trainer(config, callbacks): its signature changed"
+    assert list(inspect.signature(ThroughputMonitor._compute).parameters) == ["self", "trainer", "iter_num"], \
+        "callbacks/throughput.py overrides ThroughputMonitor._compute(trainer, iter_num): its signature changed"
+
+
+def test_mlflow_schema_head_is_the_revision_a_client_leaves_a_new_store_at(tmp_path: Path) -> None:
+    import mlflow
+
+    from recipes.soak.observe import Store
+
+    store = Store(tmp_path / "mlflow.db")
+    assert store.client() is None and not store.db.exists(), "the observer must not create the store"
+    mlflow.MlflowClient(store.uri).search_experiments()  # creates and migrates it, as a launch does
+    head = compat.mlflow_schema_head()
+    assert isinstance(head, str) and store.schema()["version"] == head, \
+        "compat.mlflow_schema_head: mlflow.store.db.utils._get_latest_schema_revision moved or changed"
+    assert store.client() is not None

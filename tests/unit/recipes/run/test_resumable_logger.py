@@ -1,0 +1,72 @@
+"""ResumableMLFlowLogger against a real sqlite store: a relaunch adds only the points the run lacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+
+from recipes.run.resumable_logger import ResumableMLFlowLogger
+
+# what an uninterrupted run logs: (step, metrics); "epoch" twice at step 2 (a train and a validation log)
+SEQUENCE = [(0, {"baseline/acc": 0.1}), (1, {"train/loss": 2.0, "epoch": 0.0}), (2, {"train/loss": 1.5, "epoch": 0.0}),
+            (2, {"val/acc": 0.5, "epoch": 0.0}), (3, {"train/loss": 1.25, "epoch": 1.0}),
+            (4, {"train/loss": 1.0, "epoch": 1.0})]
+
+
+def points(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    client = mlflow.MlflowClient(uri)
+    keys = client.get_run(run_id).data.metrics
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def log(logger: ResumableMLFlowLogger, sequence: list) -> None:
+    for step, metrics in sequence:
+        logger.log_metrics(metrics, step=step)
+
+
+def test_a_relaunch_leaves_the_history_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    reference = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
+    log(reference, SEQUENCE)
+
+    # the interrupted launch got as far as the validation of step 2 (its "epoch" point included) ...
+    first = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
+    log(first, SEQUENCE[:4])
+    # ... its checkpoint was at step 1: the relaunch logs its start (the baseline again) and redoes steps 2-4
+    relaunch = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri, run_id=first.run_id)
+    log(relaunch, [SEQUENCE[0], *SEQUENCE[2:]])
+
+    assert points(uri, first.run_id) == points(uri, reference.run_id)
+    assert points(uri, first.run_id)["epoch"] == [(1, 0.0), (2, 0.0), (2, 0.0), (3, 1.0), (4, 1.0)]
+
+
+def test_a_relaunch_logs_what_the_kill_lost(tmp_path: Path) -> None:
+    """Points the interrupted launch never stored (its async queue died with it) are logged by the redo."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
+    log(first, SEQUENCE[:2])
+    relaunch = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri, run_id=first.run_id)
+    log(relaunch, SEQUENCE)
+    reference = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
+    log(reference, SEQUENCE)
+    assert points(uri, first.run_id) == points(uri, reference.run_id)
+
+
+def test_a_fresh_run_reads_no_history(tmp_path: Path, monkeypatch) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logger = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
+    monkeypatch.setattr(logger, "_stored_points", lambda: (_ for _ in ()).throw(AssertionError("read")))
+    log(logger, SEQUENCE)
+    assert points(uri, logger.run_id)["train/loss"] == [(1, 2.0), (2, 1.5), (3, 1.25), (4, 1.0)]
+
+
+def test_events_of_each_launch_are_all_logged(tmp_path: Path) -> None:
+    """Two launches interrupted at one step are two interruptions: spot/* points are never left out."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
+    first.log_metrics({"spot/interruptions": 1.0, "spot/lost_steps": 0.0}, step=50)
+    again = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri, run_id=first.run_id)
+    again.log_metrics({"spot/interruptions": 2.0, "spot/lost_steps": 0.0}, step=50)
+    assert points(uri, first.run_id) == {"spot/interruptions": [(50, 1.0), (50, 2.0)],
+                                         "spot/lost_steps": [(50, 0.0), (50, 0.0)]}

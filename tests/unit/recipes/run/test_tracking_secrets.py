@@ -1,0 +1,59 @@
+"""A token in the tracking URI (``http://TOKEN@host``) is a bearer token: never a user name, never printed."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from recipes.run import tracking
+
+
+def test_token_only_userinfo_becomes_a_bearer_token_not_a_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    seen: list[str | None] = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://TOKEN123@127.0.0.1:{port}")
+        assert tracking.tracking_uri() == f"http://127.0.0.1:{port}"
+        import os
+
+        assert os.environ.get("MLFLOW_TRACKING_USERNAME") is None  # MLflow would send it as the run's user
+        assert os.environ["MLFLOW_TRACKING_TOKEN"] == "TOKEN123"
+        tracking.check_server(tracking.tracking_uri())
+        assert seen == ["Bearer TOKEN123"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("http://TOKEN123@host:5000/x", "http://***@host:5000/x"),
+    ("MLflow at https://u:pw@h and s3://bucket/key", "MLflow at https://***@h and s3://bucket/key"),
+    ("file://u:PASSWORD@localhost/runs", "file://***@localhost/runs"),
+    ("http://host/path@v2", "http://host/path@v2"),
+])
+def test_mask_userinfo_masks_passwords_and_lone_tokens(text: str, shown: str) -> None:
+    assert tracking.mask_userinfo(text) == shown
+
+
+def test_a_token_in_the_tracking_uri_is_never_printed_by_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token leaves the URI before anything prints it: the URI the CLI shows and stores is the bare host."""
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://TOKEN123@mlflow.example")
+    assert "TOKEN123" not in tracking.tracking_uri()
