@@ -29,7 +29,7 @@ from recipes.run.common import ENV_FROM_PARENT, UsageError, find_run
 
 __all__ = ["METHODS", "add_arguments", "bench_compression", "run"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Method -> its strategy fragment (all DDP on 2 processes).
 METHODS = {"dense": "ddp.yaml", "fp16": "ddp-fp16-compress.yaml", "powersgd": "ddp-powersgd.yaml",
            "topk": "ddp-topk.yaml"}

@@ -26,7 +26,7 @@ from recipes.bench.stats import (
 )
 
 # ------------------------------------------------------------- default recipe's fit
-DIGITS_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.yaml"
+DIGITS_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
 #: Goal: the default digits recipe's ``trainer.fit`` at most this many times plain Lightning's.
 GOAL_FIT_RATIO = 1.15
 #: Width of the fit ratio's 95 % CI below which more rounds stop.

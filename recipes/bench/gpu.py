@@ -58,7 +58,7 @@ from recipes.bench.stats import bootstrap_ratio_ci, verdict, window_throughput
 from recipes.run.common import UsageError
 from recipes.run.process import quiet_known_noise
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "gpt-124m.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gpt-124m.yaml"
 GPU_MODE, CPU_MODE = "gpu", "cpu reduced mode"
 #: Goals: MFU on an H100/H200-class GPU, full recipe / plain Lightning, async stall / pinned copy.
 GOAL_MFU = 0.45

@@ -45,7 +45,7 @@ from recipes.bench.runs import PIECES, Stopwatch, from_spec, own_store, run_full
 from recipes.bench.stats import bootstrap_ratio_ci, ci_settled, verdict_at_most
 from recipes.run.common import UsageError
 
-GPT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "gpt.yaml"
+GPT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gpt.yaml"
 #: Goal: the full recipe's time per step at most this many times plain Lightning's.
 GOAL_STEP_RATIO = 1.03
 #: Goal: the full recipe's ``trainer.fit`` at most this many times plain Lightning's.

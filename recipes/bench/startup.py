@@ -43,7 +43,7 @@ from typing_extensions import override
 from recipes.bench.runs import own_store
 from recipes.run.common import UsageError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: The phases of a launch, in order, each from the previous stamp to its own.
 PHASES = ("imports", "cli", "setup", "wrap-up")
 #: Libraries whose first import ``--imports`` reports (everything else is "the rest").

@@ -19,7 +19,7 @@ from recipes.bench.stats import (
     window_throughput,
 )
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def test_window_throughput_by_hand() -> None:

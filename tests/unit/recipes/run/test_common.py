@@ -12,7 +12,7 @@ from tests.conftest import REPO
 
 #: The tools that never train in their own process (scale, plan batch and reproduce train in subprocesses).
 LIGHT_TOOLS = ("compare", "promote", "plan", "planning.batch_runs", "planning.batch_report", "scale", "comm",
-               "reproduce", "common", "tracking")
+               "reproduce", "run.common", "run.tracking")
 
 
 @pytest.mark.parametrize("tool", LIGHT_TOOLS)

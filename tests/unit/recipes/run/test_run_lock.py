@@ -32,7 +32,7 @@ def test_second_holder_is_refused_with_the_first_ones_identity(tmp_path: Path) -
 def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from recipes.run.lock import RunLock; "
             "lock = RunLock(sys.argv[2]); lock.acquire(); print('held', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).resolve().parents[3]), str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).resolve().parents[4]), str(tmp_path)],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "held"

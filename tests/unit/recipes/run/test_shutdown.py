@@ -20,7 +20,7 @@ import pytest
 from recipes.soak.launch import EXIT_WATCH_LINE, hung_where
 from tests.conftest import free_port
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 RANK_SCRIPT = textwrap.dedent("""
     import atexit, os, sys, threading, time

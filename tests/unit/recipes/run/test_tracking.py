@@ -15,7 +15,7 @@ import pytest
 
 from recipes.run import tracking
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 @pytest.mark.parametrize(("text", "expected"), [
