@@ -22,7 +22,7 @@ from recipes.bench.runs import PIECES, Stopwatch, from_spec, own_store, run_full
 from recipes.bench.stats import (
     bootstrap_ratio_ci,
     ci_settled,
-    verdict,
+    verdict_at_most,
 )
 
 # ------------------------------------------------------------- default recipe's fit
@@ -89,8 +89,7 @@ def bench_fit(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 if ci_settled(ci[1], ci[2], FIT_MARGIN):
                     break
     ratio, low, high = ci
-    result = verdict(1 / high, 1 / low, 1 / GOAL_FIT_RATIO, FIT_MARGIN / GOAL_FIT_RATIO) if not math.isnan(ratio) \
-        else "inconclusive"
+    result = verdict_at_most(low, high, GOAL_FIT_RATIO)  # the goal: the interval's upper end at most 1.15
     return {"recipe_fit_s": [r["fit_s"] for r in recipe], "recipe_flow_s": [r["flow_s"] for r in recipe],
             "plain_fit_s": plain, "ratio": ratio, "ci95": [low, high], "verdict": result, "goal": GOAL_FIT_RATIO,
             "rounds_run": len(plain), "load_average": list(os.getloadavg()),

@@ -16,6 +16,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from callbacks.storage import remote_store
 from callbacks.utils.steps_file import PROGRESS_FILE
+from recipes.run.compat import MODEL_CHECKPOINT_BEST_K_KEY, MODEL_CHECKPOINT_PATH_KEYS
 from recipes.run.context import flatten
 from recipes.run.tracking import redact
 
@@ -109,12 +110,12 @@ def relocate_checkpoint_state(state: dict[str, Any], dirpath: str) -> bool:
             return dirpath.rstrip("/") + path[len(old.rstrip("/")):]
         return path
 
-    state["dirpath"] = dirpath
-    for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+    for key in MODEL_CHECKPOINT_PATH_KEYS:
         if key in state:
             state[key] = move(state[key])
-    if isinstance(state.get("best_k_models"), dict):
-        state["best_k_models"] = {move(k): v for k, v in state["best_k_models"].items()}
+    state["dirpath"] = dirpath
+    if isinstance(state.get(MODEL_CHECKPOINT_BEST_K_KEY), dict):
+        state[MODEL_CHECKPOINT_BEST_K_KEY] = {move(k): v for k, v in state[MODEL_CHECKPOINT_BEST_K_KEY].items()}
     return True
 
 

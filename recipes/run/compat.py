@@ -12,6 +12,9 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
 - :func:`mlflow_schema_head`: the alembic revision MLflow's SQL store is at when complete; the chaos soak's
   observer (``recipes/soak/observe.py``'s ``Store``) opens an ``MlflowClient`` only on a store at it, since a client
   migrates one below it.
+- :data:`MODEL_CHECKPOINT_PATH_KEYS`: the keys of ModelCheckpoint's saved state that hold absolute paths,
+  which ``recipes/run/cli_callbacks.py`` points at the run's directory on the machine that resumes it
+  (Lightning keeps the best-k record only when the directory is unchanged, and has no hook to move it).
 - Method overrides (not functions, so they stay in their classes; their signatures are tested here):
   ``LightningCLI._instantiate_trainer`` in ``recipes/run/cli.py`` (the one hook that receives the trainer's
   config and the callbacks from the config together) and ``ThroughputMonitor._compute`` in
@@ -21,6 +24,10 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
 from __future__ import annotations
 
 from typing import Any
+
+#: ``ModelCheckpoint.state_dict()``'s keys that hold one absolute path each; ``best_k_models`` maps paths to scores.
+MODEL_CHECKPOINT_PATH_KEYS = ("dirpath", "best_model_path", "kth_best_model_path", "last_model_path")
+MODEL_CHECKPOINT_BEST_K_KEY = "best_k_models"
 
 
 def system_metrics_monitor(run_id: str, **kwargs: Any) -> Any:

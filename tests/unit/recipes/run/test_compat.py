@@ -38,3 +38,12 @@ def test_mlflow_schema_head_is_the_revision_a_client_leaves_a_new_store_at(tmp_p
     assert isinstance(head, str) and store.schema()["version"] == head, \
         "compat.mlflow_schema_head: mlflow.store.db.utils._get_latest_schema_revision moved or changed"
     assert store.client() is not None
+
+
+def test_model_checkpoint_state_keeps_its_path_keys(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    state = ModelCheckpoint(dirpath=str(tmp_path), monitor="val/acc", save_top_k=2).state_dict()
+    missing = [k for k in (*compat.MODEL_CHECKPOINT_PATH_KEYS, compat.MODEL_CHECKPOINT_BEST_K_KEY) if k not in state]
+    assert not missing, f"compat.MODEL_CHECKPOINT_PATH_KEYS: ModelCheckpoint.state_dict() no longer has {missing}"
+    assert state["dirpath"] == str(tmp_path) and isinstance(state[compat.MODEL_CHECKPOINT_BEST_K_KEY], dict)
