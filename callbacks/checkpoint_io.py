@@ -169,8 +169,8 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
             return buffer
 
         def stage(obj: Any) -> Any:
-            # Lightning's apply_to_collection handles every container but pays ~4 µs per element (a
-            # list of 6,300 ints, as RNG states once were, took 26 ms per save). The common containers are
+            # Lightning's apply_to_collection handles every container but pays microseconds per element (a
+            # long list of ints, as RNG states once were, cost milliseconds per save). The common containers are
             # walked here; any other type (a dataclass, a namedtuple, a defaultdict) goes to it as before.
             kind = type(obj)
             if kind in _ATOMS:

@@ -60,9 +60,9 @@ def cpu_name() -> str:
 def _name_and_version(dist: importlib.metadata.Distribution) -> tuple[str | None, str | None]:
     """``Name`` and ``Version`` from the head of a distribution's METADATA, without parsing all of it.
 
-    ``dist.metadata`` parses the whole file (long descriptions included) as an e-mail message: about
-    0.4 s for 170 packages, on the critical path of every fit; the two headers come first in a
-    core-metadata file, so reading up to the first blank line gives the same pairs in ~25 ms.
+    ``dist.metadata`` parses the whole file (long descriptions included) as an e-mail message, for every
+    installed package, on the critical path of every fit; the two headers come first in a core-metadata
+    file, so reading up to the first blank line gives the same pairs for a small fraction of the time.
     """
     text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
     name = version = None

@@ -1,7 +1,7 @@
 """Lightning's rich progress bar, drawn at most a few times a second, with an epoch count that makes sense.
 
 Lightning's ``RichProgressBar`` redraws on every batch and collects the progress-bar metrics for it: on
-small, fast steps (the digits recipe's ~10 ms) that is per-step host work the training pays for and no
+small, fast steps (the digits recipe's) that is per-step host work the training pays for and no
 eye can follow. This one draws at most ``max_refresh_hz`` times a second, and always on an epoch's or a
 validation's last batch, so the bar never ends short of its total.
 

@@ -76,7 +76,7 @@ def frozen_setup_objects() -> Iterator[None]:
     """Inside: every object alive on entry (modules, configs, the MLflow client) is exempt from garbage collection.
 
     They live as long as the process; without this, each full collection during ``fit`` walks them all
-    (~800k objects after the CLI's imports: a 0.4-0.5 s pause on the digits recipe, 4 % of its fit).
+    (hundreds of thousands after the CLI's imports: a pause of a sizeable share of a small recipe's fit).
     Objects made inside are collected as usual; on exit all are collectable again (a later fit in this
     process, in tests or sweeps, freezes its own setup).
     """
