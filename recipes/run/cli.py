@@ -92,7 +92,7 @@ from recipes.run.process import (
     rank_exit_code,
     reset_stop_signals,
     stopping,
-    training_over,
+    wrap_up_done,
 )
 from recipes.run.resumable_logger import ResumableMLFlowLogger
 from recipes.run.shutdown import destroy_process_group
@@ -532,7 +532,7 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     """
     reset_stop_signals()
     code = _run_cli(args, **kwargs)
-    training_over()
+    wrap_up_done()
     if stopping() or code in (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE):  # a stop: nothing more to do
         ignore_stop_signals()
     return rank_exit_code(code, launched_by_parent())

@@ -234,7 +234,7 @@ def stopping() -> bool:
     return _stopping.is_set()
 
 
-def training_over() -> None:
+def wrap_up_done() -> None:
     """The wrap-up is done: a stop signal from now on raises again (see :class:`WrapUpSignals`)."""
     _wrapping_up.clear()
 
