@@ -37,15 +37,13 @@ def _imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                 anchor = package.split(".")
                 anchor = anchor[:len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            candidates = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            # `from a.b import c, d`: each name that is a module, else a.b itself (c is a function or a class)
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
         elif isinstance(node, ast.Import):
-            candidates = [alias.name for alias in node.names]
+            targets = [alias.name for alias in node.names]
         else:
             continue
-        for candidate in candidates:
-            if candidate in known and candidate != name:
-                found.add(candidate)
-                break  # `from a.b import c`: c itself when it is a module, else a.b
+        found.update(t for t in targets if t in known and t != name)
     return found
 
 
@@ -91,6 +89,13 @@ def test_the_walk_sees_relative_and_in_function_imports() -> None:
     # absolute, inside a function: the bench command line imports the GPU bench only for its subcommand
     assert "recipes.bench.gpu" in _imports("recipes.bench.cli", known["recipes.bench.cli"], known)
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_walk_sees_every_module_of_one_from_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("from pkg import a, b, helper\n")
+    known = {"pkg": tmp_path, "pkg.a": tmp_path, "pkg.b": tmp_path, "pkg.m": module}
+    assert _imports("pkg.m", module, known) == {"pkg.a", "pkg.b", "pkg"}  # helper is a name in pkg itself
 
 
 def test_no_import_circles() -> None:
