@@ -30,7 +30,8 @@ from tests.conftest import CONFIGS, FAST, cli_env, client_for, fit_command, run_
 
 EPOCHS = 3  # 45 steps an epoch
 BASE = ("--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs", str(EPOCHS),
-        "--trainer.log_every_n_steps", "1", *FAST)
+        "--trainer.log_every_n_steps", "1", *FAST,
+        "--log_model", "false")  # logged once training ends: not what these tests check
 DDP = ("--config", str(CONFIGS / "strategy/ddp.yaml"))
 pytestmark = pytest.mark.timeout(900, func_only=True)
 _BUSY = "while True:\n    pass\n"

@@ -33,7 +33,8 @@ from tests.conftest import (
 EPOCHS = 3
 NOTICE_TO_SAVED_GOAL_S = 2.0  # README, "Spot safety" and the goals table: notice -> checkpoint on disk
 BASE = ("--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs", str(EPOCHS),
-        "--trainer.log_every_n_steps", "1", *FAST)
+        "--trainer.log_every_n_steps", "1", *FAST,
+        "--log_model", "false")  # the model is logged once training ends: not what these tests check
 DDP = ("--config", str(CONFIGS / "strategy/ddp.yaml"))
 REFERENCE_TIMEOUT_S = 600  # each of the two uninterrupted reference fits
 # The module fixture runs the slow part before the first test, each run under its own subprocess timeout

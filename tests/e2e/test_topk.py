@@ -117,7 +117,7 @@ def test_resumed_topk_run_is_bitwise_identical_and_logs_bytes(tmp_path):
     from tests.conftest import CONFIGS, FAST, assert_bitwise_equal, client_for, final_weights, run_fit, runs_of
 
     base = ("--config", str(CONFIGS / "digits.yaml"), "--config", str(CONFIGS / "strategy/ddp-topk.yaml"),
-            "--trainer.max_epochs", "2", "--trainer.log_every_n_steps", "1", *FAST)
+            "--trainer.max_epochs", "2", "--trainer.log_every_n_steps", "1", *FAST, "--log_model", "false")
     ref, cut = tmp_path / "ref", tmp_path / "cut"
     ref.mkdir(), cut.mkdir()
     done = run_fit(ref, *base, "--run_name", "ref", check=True)

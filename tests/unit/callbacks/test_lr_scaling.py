@@ -116,7 +116,7 @@ def test_two_processes_ddp_cli_lr_used_is_logged(tmp_path):
         tmp_path,
         "--config", str(CONFIGS / "digits.yaml"), "--config", str(CONFIGS / "strategy/ddp.yaml"),
         "--experiment", "lr", "--run_name", "ddp", "--trainer.max_epochs", "1",
-        "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "0", *FAST,
+        "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "0", *FAST, "--log_model", "false",
         "--trainer.callbacks+=callbacks.lr_scaling.LRScaling", "--trainer.callbacks.mode=linear",
         "--trainer.callbacks.base_batch_size=32", "--trainer.callbacks.warmup_steps=2",
         "--trainer.callbacks+=callbacks.noise_scale.GradientNoiseScale",
