@@ -5,16 +5,16 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import multiprocessing
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -237,29 +237,33 @@ def test_rng_state_saved_as_plain_lists_by_earlier_versions_still_restores() -> 
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
 
 
-_WRITER = """
-import sys, torch
-from callbacks.checkpoint_io import AtomicCheckpointIO
-io, step = AtomicCheckpointIO(), 0
-while True:
-    step += 1
-    io.save_checkpoint({"w": torch.full((2_000_000,), float(step)), "global_step": step, "epoch": 0},
-                       f"{sys.argv[1]}/step={step:08d}.ckpt")
-    print(step, flush=True)
-"""
+def _write_checkpoints_until_killed(folder: str, first_written: Any) -> None:
+    """A writer process: checkpoints of 8 MB, one after another, each a step later, until it is killed."""
+    io, step = AtomicCheckpointIO(), 0
+    while True:
+        step += 1
+        io.save_checkpoint({"w": torch.full((2_000_000,), float(step)), "global_step": step, "epoch": 0},
+                           f"{folder}/step={step:08d}.ckpt")
+        first_written.set()
 
 
 @pytest.mark.e2e
 def test_sigkill_during_checkpoint_writes_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
+    # Each writer is a real process killed by a real SIGKILL; they are forked from a fork server that imported
+    # torch once (multiprocessing's "forkserver", a single-threaded parent), not started as new interpreters
+    # that would each spend seconds importing torch before their first write.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])  # this module (the writer's), and torch with it
     rng = random.Random(0)
     for attempt in range(8):
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], cwd=REPO,
-                                stdout=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        proc.stdout.readline()  # at least one checkpoint is complete
+        first_written = context.Event()
+        proc = context.Process(target=_write_checkpoints_until_killed, args=(str(tmp_path), first_written))
+        proc.start()
+        assert first_written.wait(timeout=120), f"attempt {attempt}: the writer wrote nothing in 120 s"
         time.sleep(rng.uniform(0.0, 0.3))  # then somewhere inside a later write
         proc.kill()
-        proc.wait()
+        proc.join()
+        assert proc.exitcode == -signal.SIGKILL
         record = ckpt_store.newest_good(tmp_path)
         assert record is not None, f"attempt {attempt}: no good checkpoint left"
         state = torch.load(record.path, weights_only=True)
