@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import warnings
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from recipes.bench import startup as bench_startup
 from recipes.bench.checkpoint import CHECKPOINT_MARGIN, bench_checkpoint, print_checkpoint
 from recipes.bench.contention import bench_contention, contention_worker, print_contention
 from recipes.bench.fit import FIT_MARGIN, GOAL_FIT_RATIO, bench_fit, bench_fit_ablation, print_fit, print_fit_ablation
+from recipes.bench.output import emit
 from recipes.bench.overhead import (
     C_OVER_B_CI_FLOOR,
     GOAL_C_OVER_A,
@@ -171,10 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError("contention needs --rounds >= 1, --warmup >= 1 and --steps > --warmup + 1")
             console = Console(stderr=args.json)
             figures = bench_contention(args, console)
-            if args.json:
-                print(json.dumps(figures, indent=2, default=float))
-            else:
-                print_contention(figures, console)
+            emit(figures, args.json, lambda: print_contention(figures, console))
             return 0
         if args.command == "fit":
             unknown = [p for p in args.pieces or [] if p not in PIECES]
@@ -218,7 +215,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         figures = bench_checkpoint(args, console)
         printer = print_checkpoint
-    if args.json:
-        print(json.dumps(figures, indent=2, default=float))
-    else:
-        printer(figures, console)
+    emit(figures, args.json, lambda: printer(figures, console))

@@ -16,7 +16,6 @@ bandwidth). Imports no torch or Lightning itself; each run does.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from recipes.bench.output import emit
 from recipes.run.common import ENV_FROM_PARENT, UsageError, find_run
 
 __all__ = ["METHODS", "add_arguments", "bench_compression", "run"]
@@ -117,8 +117,5 @@ def run(args: argparse.Namespace) -> int:
         workdir = Path(args.out or tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         figures = bench_compression(methods, args.rounds, args.epochs, workdir)
-    if args.json:
-        print(json.dumps(figures, indent=2))
-    else:
-        print_table(figures)
+    emit(figures, args.json, lambda: print_table(figures))
     return 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import random
@@ -41,6 +40,7 @@ from lightning.pytorch import Trainer
 from rich.console import Console
 from rich.table import Table
 
+from recipes.bench.output import emit
 from recipes.bench.runs import PIECES, Stopwatch, from_spec, own_store, run_full_recipe
 from recipes.bench.stats import bootstrap_ratio_ci, ci_settled, verdict_at_most
 from recipes.run.common import UsageError
@@ -308,10 +308,5 @@ def run(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore")
     console = Console(stderr=args.json)
     figures = bench_lm_ablation(args, console) if args.ablate else bench_lm(args, console)
-    if args.json:
-        print(json.dumps(figures, indent=2, default=float))
-    elif args.ablate:
-        print_lm_ablation(figures, console)
-    else:
-        print_lm(figures, console)
+    emit(figures, args.json, lambda: (print_lm_ablation if args.ablate else print_lm)(figures, console))
     return 0

@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
+from recipes.bench.output import emit
 from recipes.bench.runs import own_store
 from recipes.run.common import UsageError
 
@@ -233,8 +234,5 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--rounds {args.rounds} must be >= 1")
     console = Console(stderr=args.json)
     figures = bench_startup(args, console)
-    if args.json:
-        print(json.dumps(figures, indent=2, default=float))
-    else:
-        print_startup(figures, console)
+    emit(figures, args.json, lambda: print_startup(figures, console))
     return 0
