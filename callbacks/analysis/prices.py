@@ -7,7 +7,7 @@ so every row says where it came from, and a caller can point at its own file or 
 A row may also give a typical spot interruption rate (a probability per period, with its source):
 ``recipes.plan`` uses it when ``--interruption-rate`` is not given.
 
-Pure module (PyYAML only; no Lightning, no torch).
+Pure module (PyYAML and pydantic, which checks each row; no Lightning, no torch).
 
 Example::
 
@@ -19,12 +19,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
     "DEFAULT_CATALOG",
@@ -39,22 +39,71 @@ __all__ = [
 DEFAULT_CATALOG = Path(__file__).resolve().parent / "prices.yaml"  # package data: found after `pip install .`
 MARKETS = ("on_demand", "spot")
 
+#: What each checked field must be, said in the words of an error message.
+_RULES = {
+    "on_demand_usd_per_h": "must be a finite price >= 0.",
+    "spot_usd_per_h": "must be a finite price >= 0.",
+    "gpus": "must be an integer >= 0.",
+    "spot_interruption_rate": "must be a probability in [0, 1) per spot_interruption_period_h.",
+    "spot_interruption_period_h": "must be a positive number of hours (the period of spot_interruption_rate).",
+}
+_Text = Annotated[str, BeforeValidator(lambda v: v if v is None else str(v))]  # YAML may read a date or a number
+_Note = Annotated[_Text, BeforeValidator(lambda v: v.strip() if isinstance(v, str) else v)]
+_Price = Annotated[float, Field(ge=0, strict=True)]
 
-def _check_price(name: str, field: str, value: Any, required: bool) -> float | None:
-    if value is None:
-        if required:
-            raise ValueError(f"instance {name!r}: {field} is missing (USD per instance-hour).")
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"instance {name!r}: {field}={value!r} is not a number.")
-    if not value >= 0 or math.isinf(value):
-        raise ValueError(f"instance {name!r}: {field}={value!r} must be a finite price >= 0.")
-    return float(value)
+
+class _Row(BaseModel):
+    """The catalog row's schema: strict numbers (no bool, no numeric string), finite, within range."""
+
+    model_config = ConfigDict(allow_inf_nan=False, frozen=True)
+
+    name: _Text
+    provider: _Text
+    region: _Text = ""
+    gpu: _Text | None = None
+    gpus: Annotated[int, Field(ge=0, strict=True)]
+    on_demand_usd_per_h: _Price
+    spot_usd_per_h: _Price | None = None
+    source: _Text
+    date: _Text
+    spot_interruption_rate: Annotated[float, Field(ge=0, lt=1, strict=True)] | None = None
+    spot_interruption_period_h: Annotated[float, Field(gt=0, strict=True)] | None = None
+    spot_interruption_source: _Note | None = None
+
+    @model_validator(mode="after")
+    def _a_rate_says_its_period_and_source(self) -> _Row:
+        if self.spot_interruption_rate is None:
+            return self
+        if self.spot_interruption_period_h is None:
+            raise ValueError(f"spot_interruption_period_h=None {_RULES['spot_interruption_period_h']}")
+        if not self.spot_interruption_source:
+            raise ValueError("spot_interruption_source is missing: say where the rate comes from, or that it is "
+                             "an assumption.")
+        return self
+
+
+def _validated(name: str, fields: dict[str, Any]) -> _Row:
+    """``fields`` checked against the schema; one :class:`ValueError` naming the instance and the first bad field."""
+    try:
+        return _Row.model_validate({**fields, "name": name})
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        if first["type"] == "missing" or (first["input"] is None and first["type"] != "value_error"):
+            unit = " (USD per instance-hour)" if field.endswith("_usd_per_h") else ""
+            problem = f"{field} is missing{unit}."
+        elif first["type"] == "value_error":  # the row's own rule: its message says it all
+            problem = str(first["ctx"]["error"])
+        elif first["type"] == "float_type":
+            problem = f"{field}={first['input']!r} is not a number."
+        else:
+            problem = f"{field}={first['input']!r} {_RULES.get(field, first['msg'])}"
+        raise ValueError(f"instance {name!r}: {problem}") from None
 
 
 @dataclass(frozen=True)
 class Instance:
-    """One catalog row. Constructing it validates it.
+    """One catalog row. Constructing it validates it (the schema is :class:`_Row`'s, checked by pydantic).
 
     Args:
         name: Instance name, e.g. ``"a3-highgpu-1g"``.
@@ -92,22 +141,9 @@ class Instance:
     spot_interruption_source: str | None = None
 
     def __post_init__(self) -> None:
-        _check_price(self.name, "on_demand_usd_per_h", self.on_demand_usd_per_h, required=True)
-        _check_price(self.name, "spot_usd_per_h", self.spot_usd_per_h, required=False)
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
-            raise ValueError(f"instance {self.name!r}: gpus={self.gpus!r} must be an integer >= 0.")
-        rate, period = self.spot_interruption_rate, self.spot_interruption_period_h
-        if rate is None:
-            return
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
-            raise ValueError(f"instance {self.name!r}: spot_interruption_rate={rate!r} must be a probability "
-                             "in [0, 1) per spot_interruption_period_h.")
-        if isinstance(period, bool) or not isinstance(period, (int, float)) or not 0 < period < math.inf:
-            raise ValueError(f"instance {self.name!r}: spot_interruption_period_h={period!r} must be a positive "
-                             "number of hours (the period of spot_interruption_rate).")
-        if not (self.spot_interruption_source or "").strip():
-            raise ValueError(f"instance {self.name!r}: spot_interruption_source is missing: say where the rate "
-                             "comes from, or that it is an assumption.")
+        row = _validated(self.name, dataclasses.asdict(self))
+        for field in dataclasses.fields(self):  # as validated: integers given for prices become floats
+            object.__setattr__(self, field.name, getattr(row, field.name))
 
     @property
     def devices_per_instance(self) -> int:
@@ -118,29 +154,8 @@ class Instance:
 def _instance_from_entry(name: str, entry: Any) -> Instance:
     if not isinstance(entry, dict):
         raise ValueError(f"instance {name!r}: expected a mapping of fields, got {entry!r}.")
-    for field in ("provider", "gpus", "source", "date"):
-        if entry.get(field) is None:
-            raise ValueError(f"instance {name!r}: {field} is missing.")
-    return Instance(
-        name=str(name),
-        provider=str(entry["provider"]),
-        region=str(entry.get("region", "")),
-        gpu=None if entry.get("gpu") is None else str(entry["gpu"]),
-        gpus=entry["gpus"],
-        on_demand_usd_per_h=_check_price(name, "on_demand_usd_per_h", entry.get("on_demand_usd_per_h"), True),
-        spot_usd_per_h=_check_price(name, "spot_usd_per_h", entry.get("spot_usd_per_h"), False),
-        source=str(entry["source"]),
-        date=str(entry["date"]),
-        spot_interruption_rate=_as_float(entry.get("spot_interruption_rate")),
-        spot_interruption_period_h=_as_float(entry.get("spot_interruption_period_h")),
-        spot_interruption_source=None if entry.get("spot_interruption_source") is None
-        else str(entry["spot_interruption_source"]).strip(),
-    )
-
-
-def _as_float(value: Any) -> Any:
-    """An integer as a float (``24`` -> ``24.0``); anything else as given, for :class:`Instance` to validate."""
-    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    row = _validated(name, entry)
+    return Instance(**row.model_dump())
 
 
 def load_catalog(path: str | Path | None = None) -> dict[str, Instance]:
@@ -239,10 +254,10 @@ def with_overrides(instance: Instance, on_demand: float | None = None, spot: flo
     changes: dict[str, Any] = {}
     notes = []
     if on_demand is not None:
-        changes["on_demand_usd_per_h"] = _check_price(instance.name, "on_demand_usd_per_h", on_demand, True)
+        changes["on_demand_usd_per_h"] = on_demand
         notes.append("on-demand")
     if spot is not None:
-        changes["spot_usd_per_h"] = _check_price(instance.name, "spot_usd_per_h", spot, True)
+        changes["spot_usd_per_h"] = spot
         notes.append("spot")
     if not changes:
         return instance

@@ -135,6 +135,11 @@ def test_user_catalog(tmp_path):
          r"'box'.*spot_interruption_period_h=None must be a positive number of hours"),
         ("  on_demand_usd_per_h: 2.0\n  spot_interruption_rate: 0.1\n  spot_interruption_period_h: 24\n",
          r"'box'.*spot_interruption_source is missing: say where the rate comes from"),
+        ("  on_demand_usd_per_h: true\n", r"'box'.*on_demand_usd_per_h=True is not a number"),
+        ("  on_demand_usd_per_h: '2.0'\n", r"'box'.*on_demand_usd_per_h='2\.0' is not a number"),
+        ("  on_demand_usd_per_h: .nan\n", r"'box'.*on_demand_usd_per_h=nan must be a finite price >= 0"),
+        ("  on_demand_usd_per_h: .inf\n", r"'box'.*on_demand_usd_per_h=inf must be a finite price >= 0"),
+        ("  on_demand_usd_per_h: 2.0\n  provider: null\n", r"'box'.*provider is missing"),
     ],
 )
 def test_invalid_rows_name_instance_and_field(tmp_path, body, named):
