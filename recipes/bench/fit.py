@@ -21,7 +21,9 @@ from rich.table import Table
 from recipes.bench.runs import PIECES, Stopwatch, from_spec, own_store, run_full_recipe
 from recipes.bench.stats import (
     bootstrap_ratio_ci,
+    bracketed_rounds,
     ci_settled,
+    time_ratio_ci,
     verdict_at_most,
 )
 
@@ -112,28 +114,38 @@ def print_fit(figures: dict[str, Any], console: Console) -> None:
 
 
 def bench_fit_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    """The digits recipe's trainer.fit with each default piece turned off in turn (see :data:`PIECES`)."""
+    """The digits recipe's trainer.fit with each default piece turned off in turn (see :data:`PIECES`), each
+    between two full runs."""
     pieces = args.pieces or list(PIECES)
-    variants = ["full", *pieces]
-    fit_s: dict[str, list[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
-        for index in range(args.rounds):
-            for variant in variants if index % 2 == 0 else variants[::-1]:
-                without = frozenset() if variant == "full" else frozenset({variant})
-                fit_s[variant].append(recipe_digits_fit(args.epochs, root, index, without)["fit_s"])
-                console.print(f"round {index + 1}/{args.rounds} (without {variant}): trainer.fit "
-                              f"{fit_s[variant][-1]:.2f} s", highlight=False)
-    full = statistics.median(fit_s["full"])
-    return {"full_fit_s": full, "fit_s": fit_s, "load_average": list(os.getloadavg()),
-            "cost_s": {piece: full - statistics.median(fit_s[piece]) for piece in pieces},
+        def run(variant: str, index: int) -> dict[str, float]:
+            without = frozenset() if variant == "full" else frozenset({variant})
+            seconds = recipe_digits_fit(args.epochs, root, index, without)["fit_s"]
+            name = "full" if variant == "full" else f"without {variant}"
+            console.print(f"round {index + 1}/{args.rounds} ({name}): trainer.fit {seconds:.2f} s", highlight=False)
+            return {"fit_s": seconds}
+
+        runs, beside = bracketed_rounds(pieces, args.rounds, run)
+    fit_s = {v: [r["fit_s"] for r in rs] for v, rs in runs.items()}
+    cost_s, cost_ci95 = {}, {}
+    for piece in pieces:
+        near = [b["fit_s"] for b in beside[piece]]
+        cost_s[piece] = statistics.median(b - r for b, r in zip(near, fit_s[piece], strict=True))
+        _, low, high = time_ratio_ci(near, fit_s[piece])
+        cost_ci95[piece] = [low - 1, high - 1]
+    return {"full_fit_s": statistics.median(fit_s["full"]), "fit_s": fit_s, "load_average": list(os.getloadavg()),
+            "cost_s": cost_s, "cost_ci95": cost_ci95,
             "settings": {k: getattr(args, k) for k in ("epochs", "rounds", "threads")}}
 
 
 def print_fit_ablation(figures: dict[str, Any], console: Console) -> None:
     table = Table(title=f"What each piece adds to the digits recipe's trainer.fit ({figures['full_fit_s']:.2f} s, "
-                        f"medians of {figures['settings']['rounds']} interleaved rounds; cost = full minus without)")
-    for column in ("piece turned off", "trainer.fit without (s)", "cost (s)"):
+                        f"{figures['settings']['rounds']} rounds, each piece run between two full runs; "
+                        "cost = those full runs minus the run without it)")
+    for column in ("piece turned off", "trainer.fit without (s)", "cost (s)", "cost 95% CI"):
         table.add_column(column, justify="left" if column == "piece turned off" else "right")
     for piece, cost in figures["cost_s"].items():
-        table.add_row(PIECES[piece], f"{statistics.median(figures['fit_s'][piece]):.2f}", f"{cost:+.2f}")
+        low, high = figures["cost_ci95"][piece]
+        table.add_row(PIECES[piece], f"{statistics.median(figures['fit_s'][piece]):.2f}", f"{cost:+.2f}",
+                      f"{low:+.1%} .. {high:+.1%}")
     console.print(table)

@@ -24,12 +24,10 @@ import argparse
 import contextlib
 import math
 import os
-import random
 import statistics
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +40,7 @@ from rich.table import Table
 
 from recipes.bench.output import emit
 from recipes.bench.runs import PIECES, Stopwatch, from_spec, own_store, run_full_recipe
-from recipes.bench.stats import bootstrap_ratio_ci, ci_settled, verdict_at_most
+from recipes.bench.stats import bracketed_rounds, ci_settled, time_ratio_ci, verdict_at_most
 from recipes.run.common import UsageError
 
 GPT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gpt.yaml"
@@ -142,13 +140,6 @@ def full_recipe(steps: int, root: Path, index: int, without: frozenset[str] = fr
     return {"fit_s": watch.fit_s, "step_s": _median_step_s(ends), "flow_s": flow_s}
 
 
-def _ratio(numerator: list[float], denominator: list[float]) -> tuple[float, float, float]:
-    """``mean(numerator) / mean(denominator)`` of times and its 95 % CI (a bootstrap over paired rounds)."""
-    # bootstrap_ratio_ci is of throughputs (higher is better): a ratio of times is its inverse
-    speed, low, high = bootstrap_ratio_ci(denominator, numerator)
-    return 1 / speed, 1 / high, 1 / low
-
-
 def bench_lm(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """The three variants, interleaved, until the step ratio's CI is narrower than ``STEP_MARGIN``."""
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
@@ -168,8 +159,8 @@ def bench_lm(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                           f"trainer.fit s lightning {last['lightning']['fit_s']:.1f}, recipe "
                           f"{last['recipe']['fit_s']:.1f}", highlight=False)
             if index + 1 >= max(2, args.rounds):
-                step_ci = _ratio([r["step_s"] for r in runs["recipe"]], [r["step_s"] for r in runs["lightning"]])
-                fit_ci = _ratio([r["fit_s"] for r in runs["recipe"]], [r["fit_s"] for r in runs["lightning"]])
+                step_ci = time_ratio_ci([r["step_s"] for r in runs["recipe"]], [r["step_s"] for r in runs["lightning"]])
+                fit_ci = time_ratio_ci([r["fit_s"] for r in runs["recipe"]], [r["fit_s"] for r in runs["lightning"]])
                 if ci_settled(step_ci[1], step_ci[2], STEP_MARGIN):
                     break
     tokens = _tokens_per_step()
@@ -208,50 +199,23 @@ def print_lm(figures: dict[str, Any], console: Console) -> None:
                   highlight=False)
 
 
-def bracketed_order(pieces: Sequence[str], index: int) -> list[str]:
-    """Round ``index``'s run order: the pieces shuffled (seeded by the round), two at a time between full runs.
-
-    ``full, a, b, full, c, d, full, ...``: every piece runs beside a full run, so the machine's drift over a
-    round (here ±15 % within minutes) cancels in a piece's cost instead of landing on whichever variant runs
-    first or last.
-    """
-    order = list(pieces)
-    random.Random(index).shuffle(order)
-    runs = ["full"]
-    for start in range(0, len(order), 2):
-        runs += [*order[start:start + 2], "full"]
-    return runs
-
-
-def bracketing_fulls(order: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """For each piece in ``order``, the positions of the full runs just before and after it."""
-    fulls = [i for i, v in enumerate(order) if v == "full"]
-    return {v: (max(f for f in fulls if f < i), min(f for f in fulls if f > i))
-            for i, v in enumerate(order) if v != "full"}
-
-
 def bench_lm_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """The recipe with each piece turned off in turn; a piece's cost is the full runs beside it over its run."""
     pieces = args.pieces or list(LM_PIECES)
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in ["full", *pieces]}
-    beside: dict[str, list[dict[str, float]]] = {p: [] for p in pieces}  # per round: the mean of its two fulls
     with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
-        for index in range(args.rounds):
-            order = bracketed_order(pieces, index)
-            done: list[dict[str, float]] = []
-            for variant in order:
-                without = frozenset() if variant == "full" else frozenset({variant})
-                done.append(full_recipe(args.steps, root, index, without))
-                runs[variant].append(done[-1])
-                name = "full" if variant == "full" else f"without {variant}"
-                console.print(f"round {index + 1}/{args.rounds} ({name}): {done[-1]['step_s'] * 1e3:.1f} ms/step, "
-                              f"trainer.fit {done[-1]['fit_s']:.1f} s", highlight=False)
-            for piece, (before, after) in bracketing_fulls(order).items():
-                beside[piece].append({k: (done[before][k] + done[after][k]) / 2 for k in ("step_s", "fit_s")})
+        def run(variant: str, index: int) -> dict[str, float]:
+            without = frozenset() if variant == "full" else frozenset({variant})
+            figures = full_recipe(args.steps, root, index, without)
+            name = "full" if variant == "full" else f"without {variant}"
+            console.print(f"round {index + 1}/{args.rounds} ({name}): {figures['step_s'] * 1e3:.1f} ms/step, "
+                          f"trainer.fit {figures['fit_s']:.1f} s", highlight=False)
+            return {k: figures[k] for k in ("step_s", "fit_s")}
+
+        runs, beside = bracketed_rounds(pieces, args.rounds, run)
     median = {v: {k: statistics.median(r[k] for r in runs[v]) for k in ("step_s", "fit_s")} for v in runs}
     cost = {}
     for piece in pieces:
-        step, low, high = _ratio([r["step_s"] for r in beside[piece]], [r["step_s"] for r in runs[piece]])
+        step, low, high = time_ratio_ci([r["step_s"] for r in beside[piece]], [r["step_s"] for r in runs[piece]])
         fit = [b["fit_s"] - r["fit_s"] for b, r in zip(beside[piece], runs[piece], strict=True)]
         cost[piece] = {"step_frac": step - 1, "step_ci95": [low - 1, high - 1],
                        "step_s": statistics.mean(b["step_s"] for b in beside[piece])

@@ -39,6 +39,7 @@ from recipes.bench.mlp import BenchData, BenchModule, mlp, random_set
 from recipes.bench.runs import PIECES, Stopwatch, run_full_recipe
 from recipes.bench.stats import (
     bootstrap_ratio_ci,
+    bracketed_rounds,
     ci_settled,
     verdict,
     verdict_with_floor,
@@ -201,34 +202,39 @@ def bench_overhead(args: argparse.Namespace, console: Console) -> dict[str, Any]
 
 
 def bench_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    """The full recipe with each default piece turned off in turn, rounds interleaved: what each piece costs."""
+    """The full recipe with each default piece turned off in turn, each between two full runs: what each costs."""
     samples = args.batch_size
-    variants = ["full", *PIECES]
-    throughput: dict[str, list[float]] = {v: [] for v in variants}
-    fit_s: dict[str, list[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         root.mkdir(parents=True, exist_ok=True)
-        for index in range(args.rounds):
-            order = variants if index % 2 == 0 else variants[::-1]  # no piece always runs first or last
-            for variant in order:
-                without = frozenset() if variant == "full" else frozenset({variant})
-                ends, seconds = run_full_recipe(mlp_recipe(args), root, index, without)
-                throughput[variant].append(window_throughput(ends, samples, args.warmup))
-                fit_s[variant].append(seconds)
-                console.print(f"round {index + 1}/{args.rounds} (without {variant}): "
-                              f"{samples / throughput[variant][-1] * 1e3:.1f} ms/step, fit {seconds:.2f} s",
-                              highlight=False)
-    full_ms = samples / statistics.median(throughput["full"]) * 1e3
-    full_fit = statistics.median(fit_s["full"])
+
+        def run(variant: str, index: int) -> dict[str, float]:
+            without = frozenset() if variant == "full" else frozenset({variant})
+            ends, seconds = run_full_recipe(mlp_recipe(args), root, index, without)
+            throughput = window_throughput(ends, samples, args.warmup)
+            name = "full" if variant == "full" else f"without {variant}"
+            console.print(f"round {index + 1}/{args.rounds} ({name}): {samples / throughput * 1e3:.1f} ms/step, "
+                          f"fit {seconds:.2f} s", highlight=False)
+            return {"throughput": throughput, "fit_s": seconds}
+
+        runs, beside = bracketed_rounds(list(PIECES), args.rounds, run)
+    full_ms = samples / statistics.median(r["throughput"] for r in runs["full"]) * 1e3
+    full_fit = statistics.median(r["fit_s"] for r in runs["full"])
     pieces = {}
     for piece in PIECES:
-        ratio, low, high = bootstrap_ratio_ci(throughput[piece], throughput["full"])  # > 1: the piece costs
-        ms = samples / statistics.median(throughput[piece]) * 1e3
-        pieces[piece] = {"step_ms_without": ms, "step_cost_ms": full_ms - ms, "step_cost_frac": ratio - 1,
-                         "ci95": [low - 1, high - 1], "fit_cost_s": full_fit - statistics.median(fit_s[piece])}
+        without = [r["throughput"] for r in runs[piece]]
+        # > 1: the piece costs (the run without it is faster than the full runs beside it)
+        ratio, low, high = bootstrap_ratio_ci(without, [b["throughput"] for b in beside[piece]])
+        pieces[piece] = {"step_ms_without": samples / statistics.median(without) * 1e3,
+                         "step_cost_ms": statistics.mean(samples / b["throughput"] - samples / r["throughput"]
+                                                         for b, r in zip(beside[piece], runs[piece], strict=True))
+                         * 1e3,
+                         "step_cost_frac": ratio - 1, "ci95": [low - 1, high - 1],
+                         "fit_cost_s": statistics.median(b["fit_s"] - r["fit_s"]
+                                                         for b, r in zip(beside[piece], runs[piece], strict=True))}
     return {"full_step_ms": full_ms, "full_fit_s": full_fit, "pieces": pieces,
-            "all": throughput, "fit_s": fit_s,
+            "all": {v: [r["throughput"] for r in rs] for v, rs in runs.items()},
+            "fit_s": {v: [r["fit_s"] for r in rs] for v, rs in runs.items()},
             "settings": {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "batch_size", "hidden",
                                                        "layers", "features", "threads")}}
 
@@ -236,8 +242,8 @@ def bench_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]
 def print_ablation(figures: dict[str, Any], console: Console) -> None:
     table = Table(title=f"What each piece of the full recipe costs — full recipe "
                         f"{figures['full_step_ms']:.1f} ms/step, "
-                        f"fit {figures['full_fit_s']:.2f} s (medians of {figures['settings']['rounds']} interleaved "
-                        "rounds; cost = full minus without)")
+                        f"fit {figures['full_fit_s']:.2f} s (medians of {figures['settings']['rounds']} rounds, each "
+                        "piece run between two full runs; cost = those full runs minus the run without it)")
     for column in ("piece turned off", "ms/step without", "step cost", "step cost 95% CI", "fit wall cost"):
         table.add_column(column, justify="left" if column == "piece turned off" else "right")
     for piece, f in figures["pieces"].items():

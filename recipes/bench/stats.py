@@ -4,12 +4,15 @@ A throughput window (:func:`window_throughput`), percentile bootstrap intervals 
 (:func:`bootstrap_ci`, by ``scipy.stats.bootstrap`` over the round indices, so a round's paired measurements
 stay together; :func:`bootstrap_ratio_ci`, :func:`effective_stall_ci`), and the verdicts an interval gives
 against a goal (:func:`verdict`, :func:`verdict_with_floor`, :func:`verdict_at_most`, :func:`ci_settled`).
+Ablations run their variants in bracketed rounds (:func:`bracketed_rounds`): each piece turned off between
+two full runs, so a piece's cost is measured against the full runs beside it.
 It imports neither :mod:`recipes.bench` nor :mod:`recipes.bench.gpu`: both import it.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -182,3 +185,55 @@ def verdict_at_most(low: float, high: float, goal: float) -> str:
 def ci_settled(low: float, high: float, margin: float) -> bool:
     """Whether a ratio's confidence interval is narrower than the goal's margin (more rounds will not change it)."""
     return high - low < margin
+
+
+def bracketed_order(pieces: Sequence[str], index: int) -> list[str]:
+    """Round ``index``'s run order: the pieces shuffled (seeded by the round), two at a time between full runs.
+
+    ``full, a, b, full, c, d, full, ...``: every piece runs beside a full run, so the machine's drift over a
+    round cancels in a piece's cost instead of landing on whichever variant runs first or last.
+    """
+    order = list(pieces)
+    random.Random(index).shuffle(order)
+    runs = ["full"]
+    for start in range(0, len(order), 2):
+        runs += [*order[start:start + 2], "full"]
+    return runs
+
+
+def bracketing_fulls(order: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """For each piece in ``order``, the positions of the full runs just before and after it."""
+    fulls = [i for i, v in enumerate(order) if v == "full"]
+    return {v: (max(f for f in fulls if f < i), min(f for f in fulls if f > i))
+            for i, v in enumerate(order) if v != "full"}
+
+
+Figures = dict[str, float]
+
+
+def bracketed_rounds(pieces: Sequence[str], rounds: int, run: Callable[[str, int], Figures],
+                     ) -> tuple[dict[str, list[Figures]], dict[str, list[Figures]]]:
+    """Run an ablation: ``rounds`` rounds in :func:`bracketed_order`, ``run(variant, round)`` measuring each run.
+
+    ``variant`` is ``"full"`` or the piece turned off. Returns every run's figures per variant (in round
+    order) and, per piece, the mean of the two full runs on either side of each of its runs: the reference
+    its cost is measured against, paired with its runs round by round.
+    """
+    runs: dict[str, list[Figures]] = {v: [] for v in ["full", *pieces]}
+    beside: dict[str, list[Figures]] = {p: [] for p in pieces}
+    for index in range(rounds):
+        order = bracketed_order(pieces, index)
+        done = []
+        for variant in order:
+            done.append(run(variant, index))
+            runs[variant].append(done[-1])
+        for piece, (before, after) in bracketing_fulls(order).items():
+            beside[piece].append({k: (done[before][k] + done[after][k]) / 2 for k in done[before]})
+    return runs, beside
+
+
+def time_ratio_ci(slower: Sequence[float], faster: Sequence[float]) -> tuple[float, float, float]:
+    """``mean(slower) / mean(faster)`` of paired times (seconds) and its 95 % interval (:func:`bootstrap_ratio_ci`)."""
+    speed, low, high = bootstrap_ratio_ci(faster, slower)  # a ratio of throughputs is the inverse of one of times
+    return 1 / speed, 1 / high, 1 / low
+

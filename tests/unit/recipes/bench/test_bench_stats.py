@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recipes.bench import stats
 from recipes.bench.stats import (
     bootstrap_ci,
     bootstrap_ratio_ci,
@@ -145,3 +146,43 @@ def test_the_gpu_bench_and_the_shared_modules_do_not_import_the_cpu_bench() -> N
     for module in ("recipes.bench.gpu", "recipes.bench.lm", "recipes.bench.runs", "recipes.bench.stats"):
         assert "recipes.bench.cli" not in _project_imports(module), module
     assert "recipes.bench.gpu" in _project_imports("recipes.bench.cli")  # the walk sees imports inside functions
+
+
+def test_every_piece_runs_between_two_full_runs_in_a_seeded_order() -> None:
+    pieces = ["a", "b", "c", "d", "e"]
+    order = stats.bracketed_order(pieces, 3)
+    assert order == stats.bracketed_order(pieces, 3)  # seeded by the round: reproducible
+    assert sorted(v for v in order if v != "full") == pieces and order[0] == order[-1] == "full"
+    assert order.count("full") == 4  # full, 2 pieces, full, 2 pieces, full, 1 piece, full
+    assert any(stats.bracketed_order(pieces, i) != order for i in range(10))  # other rounds, other orders
+    brackets = stats.bracketing_fulls(["full", "a", "b", "full", "c", "full"])
+    assert brackets == {"a": (0, 3), "b": (0, 3), "c": (3, 5)}
+
+
+def test_bracketed_rounds_pair_each_run_with_the_full_runs_beside_it() -> None:
+    calls: list[tuple[str, int]] = []
+
+    def run(variant: str, index: int) -> dict[str, float]:  # a machine that slows by 1 s with every run
+        calls.append((variant, index))
+        return {"t": float(len(calls))}
+
+    runs, beside = stats.bracketed_rounds(["a", "b", "c"], 2, run)
+    # round 0: full a c full b full (runs 1-6); round 1: full b c full a full (runs 7-12)
+    assert calls == [("full", 0), ("a", 0), ("c", 0), ("full", 0), ("b", 0), ("full", 0),
+                     ("full", 1), ("b", 1), ("c", 1), ("full", 1), ("a", 1), ("full", 1)]
+    assert {v: [r["t"] for r in rs] for v, rs in runs.items()} == {
+        "full": [1, 4, 6, 7, 10, 12], "a": [2, 11], "b": [5, 8], "c": [3, 9]}
+    assert {p: [r["t"] for r in rs] for p, rs in beside.items()} == {
+        "a": [2.5, 11.0], "b": [5.0, 8.5], "c": [2.5, 8.5]}
+
+
+def test_time_ratio_is_the_ratio_of_mean_times_and_its_interval_holds_it() -> None:
+    recipe, plain = [1.1, 1.2, 1.3], [1.0, 1.0, 1.0]
+    ratio, low, high = stats.time_ratio_ci(recipe, plain)
+    assert ratio == pytest.approx(1.2)
+    assert low <= ratio <= high
+    assert (low, high) == pytest.approx((1.1, 1.3), abs=1e-9)  # 3 rounds: the extremes bound every resample
+
+
+def test_equal_times_give_a_zero_width_interval_at_one() -> None:
+    assert stats.time_ratio_ci([2.0, 2.0], [2.0, 2.0]) == pytest.approx((1.0, 1.0, 1.0))
