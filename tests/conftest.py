@@ -12,7 +12,7 @@ import struct
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import Logger
 
+from tests.forked import ForkedProcess, Zygote
 from tests.servers import free_port  # noqa: F401 (the one free_port every test imports from here)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,14 +92,74 @@ def fit_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "recipes.fit", *args]
 
 
-def run_fit(workdir: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None,
-            check: bool = False) -> subprocess.CompletedProcess:
-    """``python -m recipes.fit ARGS`` in ``workdir``; output captured as text."""
-    result = subprocess.run(fit_command(*args), cwd=workdir, env=env or cli_env(workdir),
-                            capture_output=True, text=True, timeout=timeout)
+#: Set (to anything) to start every launch as a new interpreter instead of a fork of the zygote.
+REAL_LAUNCHES_ENV = "TESTS_REAL_LAUNCHES"
+_ZYGOTE = Zygote()
+
+
+def _zygote_for(args: Sequence[str], env: dict[str, str]) -> Zygote | None:
+    """The zygote when it can start this launch as a new interpreter would (``tests/forked.py``), else None.
+
+    ``--cpu_threads N`` sets OpenMP's environment before torch is imported: such launches get an interpreter.
+    """
+    if os.environ.get(REAL_LAUNCHES_ENV) or any(a.startswith("--cpu_threads") for a in args):
+        return None
+    if not _ZYGOTE.started:
+        _ZYGOTE.start(env)
+    return _ZYGOTE if _ZYGOTE.serves(env) else None
+
+
+def start_module(module: str, *args: str, cwd: Path, env: dict[str, str] | None = None, real: bool = False,
+                 script: Path | None = None, **popen: Any) -> subprocess.Popen | ForkedProcess:
+    """Start ``python -m module ARGS`` (or ``python SCRIPT ARGS``) in ``cwd`` (``Popen``'s stdout, stderr, text,
+    start_new_session).
+
+    A fork of the session's zygote (imports already done) unless ``real`` or the environment asks for a new
+    interpreter; either way a process of its own, with its own pid, streams and exit status.
+    """
+    env = env or cli_env(cwd)
+    zygote = None if real else _zygote_for(args, env)
+    if zygote is None:
+        command = [sys.executable, str(script)] if script else [sys.executable, "-m", module]
+        return subprocess.Popen([*command, *args], cwd=cwd, env=env, stdin=popen.pop("stdin", subprocess.DEVNULL),
+                                **popen)
+    return zygote.launch(None if script else module, args, cwd=cwd, env=env,
+                         script=str(script) if script else None, **popen)
+
+
+def run_module(module: str, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600,
+               check: bool = False, real: bool = False, script: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m module ARGS`` to its end (``start_module``), output captured as text; killed at ``timeout``."""
+    proc = start_module(module, *args, cwd=cwd, env=env, real=real, script=script, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
     return result
+
+
+def run_script(script: Path, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600
+               ) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` to its end in ``cwd`` (``run_module``)."""
+    return run_module("", *args, cwd=cwd, env=env, timeout=timeout, script=script)
+
+
+def start_fit(workdir: Path, *args: str, env: dict[str, str] | None = None, **popen: Any
+              ) -> subprocess.Popen | ForkedProcess:
+    """``python -m recipes.fit ARGS`` started in ``workdir`` (``start_module``)."""
+    return start_module("recipes.fit", *args, cwd=workdir, env=env, **popen)
+
+
+def run_fit(workdir: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None,
+            check: bool = False, real: bool = False) -> subprocess.CompletedProcess:
+    """``python -m recipes.fit ARGS`` in ``workdir`` to its end; output captured as text (``run_module``)."""
+    return run_module("recipes.fit", *args, cwd=workdir, env=env, timeout=timeout, check=check, real=real)
 
 
 def _interpreter_warning_filters() -> list:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from recipes.bench.contention import print_contention
 from recipes.bench.overhead import VARIANTS, print_overhead
 from recipes.bench.startup import PHASES, print_startup
 from recipes.bench.stats import verdict_at_most
-from tests.conftest import cli_env
+from tests.conftest import run_module
 
 # No figure here is a speed goal, so these run beside other tests; the contention bench alone is `serial`: its
 # busy neighbour would hold both cores under the other pytest-xdist worker (.ci/run runs `serial` tests last, alone)
@@ -28,8 +27,7 @@ TINY = ["--features", "8", "--hidden", "8", "--layers", "1", "--batch-size", "4"
 
 
 def _bench(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "recipes.bench", *args], cwd=workdir, env=cli_env(workdir),
-                            capture_output=True, text=True, timeout=300)
+    result = run_module("recipes.bench", *args, cwd=workdir, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
 

@@ -23,14 +23,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import CORPUS_FILES, seed_mlflow_db, write_corpus, write_mnist
+from tests.conftest import CORPUS_FILES, run_script, seed_mlflow_db, write_corpus, write_mnist
 
 pytestmark = pytest.mark.e2e
 
@@ -566,8 +565,7 @@ def run_in_project(project: Path, script: str, timeout: float = 300) -> subproce
            if k != "PYTHONPATH" and not k.startswith(("ATSCALE_", "SLURM_", "MLFLOW_"))}
     env.update({"COPY_TEST_REPO": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                 "PYTHONDONTWRITEBYTECODE": "1"})
-    return subprocess.run([sys.executable, "run_copy.py"], cwd=project, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_script(project / "run_copy.py", cwd=project, env=env, timeout=timeout)
 
 
 def test_every_callback_and_datamodule_has_a_script() -> None:

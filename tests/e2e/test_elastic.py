@@ -20,7 +20,7 @@ import pytest
 from callbacks.spot import CHECKPOINT_PATTERN, ELASTIC_TAG, REQUEUE_EXIT_CODE
 from callbacks.storage import ckpt_store
 from datamodules.digits import DigitsDataModule
-from tests.conftest import CONFIGS, FAST, cli_env, client_for, fit_command, run_fit, runs_of
+from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit, runs_of, start_fit
 from tests.sample_trace import epoch_counts, split_counts
 
 pytestmark = pytest.mark.timeout(900, func_only=True)
@@ -165,8 +165,7 @@ def test_ddp_one_process_resumed_on_two(reference: dict, split: collections.Coun
 
 def sigterm_mid_epoch(workdir: Path, *args: str, after_steps: int) -> subprocess.CompletedProcess:
     """Launch the CLI and send its launching process a real SIGTERM once ``after_steps`` steps are traced."""
-    proc = subprocess.Popen(fit_command(*args), cwd=workdir, env=cli_env(workdir), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_fit(workdir, *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trace = workdir / "trace" / "rank0.txt"
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:

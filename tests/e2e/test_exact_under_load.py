@@ -26,7 +26,7 @@ import torch
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE
 from callbacks.storage import ckpt_store
 from recipes.reproduce import DEFAULT_IGNORE
-from tests.conftest import CONFIGS, FAST, cli_env, client_for, fit_command, run_fit, runs_of
+from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit, run_module, runs_of, start_fit
 
 EPOCHS = 3  # 45 steps an epoch
 BASE = ("--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs", str(EPOCHS),
@@ -91,8 +91,7 @@ def launch_and_signal(workdir: Path, args: tuple[str, ...], env: dict[str, str],
     # the store is how this test sees the step: metrics written as they come, not in MLflow's 1 s batches, or a
     # fast relaunch ends its 35 steps before any shows (the points and their values are the same either way)
     env = {**env, "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS": "0"}
-    proc = subprocess.Popen(fit_command(*args), cwd=workdir, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_fit(workdir, *args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
         if max(logged_steps(workdir), default=-1) > max(past_step, before):
@@ -149,8 +148,8 @@ def test_sigterms_beside_busy_work_resume_bitwise(busy_reference: Path, tmp_path
 def test_reproduce_beside_busy_work_is_identical(busy_reference: Path) -> None:
     env = unpinned_env(busy_reference)
     run_id = run_id_of(busy_reference)
-    result = subprocess.run([sys.executable, "-m", "recipes.reproduce", str(run_id), "--run_name", "again"],
-                            cwd=busy_reference, env=env, capture_output=True, text=True, timeout=900)
+    result = run_module("recipes.reproduce", str(run_id), "--run_name", "again", cwd=busy_reference, env=env,
+                        timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Reproduced: " in result.stdout and "metrics identical within 0" in result.stdout
 
@@ -170,8 +169,8 @@ def test_sigkill_past_the_checkpoint_leaves_the_history_of_an_uninterrupted_run(
     run_fit(ref, *args, check=True)
     marker = killed / "killed-at"
     kill = json.dumps({"class_path": "tests.faults.KillOnce", "init_args": {"step": 34, "marker": str(marker)}})
-    proc = subprocess.Popen(fit_command(*args, f"--trainer.callbacks+={kill}"), cwd=killed, env=cli_env(killed),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_fit(killed, *args, f"--trainer.callbacks+={kill}", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                     text=True, start_new_session=True)
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == -signal.SIGKILL and marker.read_text() == "34", stderr[-3000:]
     assert max(logged_steps(killed)) >= 30  # metrics well past the step-20 checkpoint were stored before the kill

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, FAST, CliResult, cli_env, fit_command, run_fit, runs_of
+from tests.conftest import CONFIGS, FAST, CliResult, run_fit, runs_of, start_fit
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +31,7 @@ def lines(text: str) -> list[str]:
 
 
 def test_an_unknown_key_is_one_error_line_not_the_usage(tmp_path: Path) -> None:
-    result = run_fit(tmp_path, *SHORT, "--trainer.max_epochz", "3")  # a real process: its exit code is main's
+    result = run_fit(tmp_path, *SHORT, "--trainer.max_epochz", "3", real=True)  # its exit code is main's
     assert result.returncode == 2
     assert lines(result.stderr) == ["error: unrecognized arguments: --trainer.max_epochz 3",
                                     "(python -m recipes.fit --help lists every option)"]
@@ -49,7 +49,7 @@ def test_a_bad_value_names_it_in_one_line(tmp_path: Path, fit_in_process: Callab
 def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     """One finished one-epoch run, read by the tests below (the relaunch among them changes nothing)."""
     workdir = tmp_path_factory.mktemp("finished")
-    return workdir, run_fit(workdir, *SHORT, "--run_name", "done", check=True)
+    return workdir, run_fit(workdir, *SHORT, "--run_name", "done", check=True, real=True)  # import warnings too
 
 
 def test_relaunching_a_finished_run_says_it_is_complete(finished: tuple[Path, subprocess.CompletedProcess],
@@ -116,9 +116,8 @@ def test_an_offline_download_is_one_line_before_any_mlflow_run(tmp_path: Path,
 
 
 def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path: Path) -> None:
-    proc = subprocess.Popen(fit_command(*SHORT, "--trainer.max_epochs", "50", "--run_name", "c"), cwd=tmp_path,
-                            env=cli_env(tmp_path), start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_fit(tmp_path, *SHORT, "--trainer.max_epochs", "50", "--run_name", "c", real=True,
+                     start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (tmp_path / "runs/digits/c/config.yaml").exists():  # written at setup, before training
         assert proc.poll() is None and time.monotonic() < deadline

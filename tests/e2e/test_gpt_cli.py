@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +23,7 @@ from datamodules.text import TextDataModule
 from recipes import sample
 from recipes.bench import stats as bench_stats
 from recipes.gpt import GPT
-from tests.conftest import cli_env
+from tests.conftest import cli_env, run_fit, run_module
 
 REPO = Path(__file__).resolve().parents[2]
 LOSS_TOLERANCE = 1e-4  # nats, FSDP vs DDP per step
@@ -49,17 +47,12 @@ CLI_OVERRIDES = [
 
 
 def run_cli(cwd: Path, strategy: str, run_name: str, *extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATSCALE_")}
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{cwd}/mlflow.db"
     # MLflow infers a logged model's pip requirements in a subprocess that re-imports everything (15-20 s on
     # 2 cores); after 1 s it falls back to its default list. The model is still logged; its list is not under test.
-    env["MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT"] = "1"
-    cmd = [sys.executable, "-m", "recipes.fit", "--config", str(REPO / "configs/gpt.yaml"),
-           "--config", str(REPO / f"configs/strategy/{strategy}.yaml"), *CLI_OVERRIDES,
-           "--run_name", run_name, *extra]
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    return out
+    env = cli_env(cwd, MLFLOW_REQUIREMENTS_INFERENCE_TIMEOUT="1")
+    return run_fit(cwd, "--config", str(REPO / "configs/gpt.yaml"), "--config",
+                   str(REPO / f"configs/strategy/{strategy}.yaml"), *CLI_OVERRIDES, "--run_name", run_name, *extra,
+                   env=env, timeout=RUN_TIMEOUT_S, check=True)
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +136,8 @@ def test_sample_from_an_fsdp_checkpoint_directory(cli: SimpleNamespace,
 def test_bench_lm_runs_each_variant_every_round_and_reports_their_ratios(tmp_path: Path) -> None:
     """``python -m recipes.bench lm``, tiny: the figures it reports follow from the runs it made (no speed
     figure is asserted: the lead measures on a quiet machine)."""
-    result = subprocess.run([sys.executable, "-m", "recipes.bench", "lm", "--steps", "8", "--rounds", "2",
-                             "--max-rounds", "2", "--json", "--out", str(tmp_path / "out")],
-                            cwd=tmp_path, env=cli_env(tmp_path), capture_output=True, text=True, timeout=500)
+    result = run_module("recipes.bench", "lm", "--steps", "8", "--rounds", "2", "--max-rounds", "2", "--json",
+                        "--out", str(tmp_path / "out"), cwd=tmp_path, timeout=500)
     assert result.returncode == 0, result.stderr[-5000:]
     figures = json.loads(result.stdout)
     assert figures["rounds_run"] == 2 and figures["tokens_per_step"] == 16 * 128  # configs/gpt.yaml's batch x block

@@ -14,7 +14,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,9 +30,10 @@ from tests.conftest import (
     assert_bitwise_equal,
     cli_env,
     final_weights,
-    fit_command,
     remote_final_weights,
     run_fit,
+    run_module,
+    start_fit,
 )
 from tests.servers import S3Server, free_port, mlflow_server, moto_s3, moto_s3_strict  # noqa: F401 - fixtures
 
@@ -61,8 +61,8 @@ def test_relaunch_on_a_new_machine_resumes_from_the_bucket_exactly(
     args = (*BASE, "--runs_root", f"s3://{bucket}/runs", "--run_name", "spot")
     machine_a = tmp_path / "machine-a"
     machine_a.mkdir()
-    proc = subprocess.Popen(fit_command(*args), cwd=machine_a, env=machine_env(machine_a, moto_s3, tracking),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start_fit(machine_a, *args, env=machine_env(machine_a, moto_s3, tracking), stdout=subprocess.DEVNULL,
+                     stderr=subprocess.PIPE, text=True)
     staged = machine_a / "runs" / "digits" / "spot" / "checkpoints"
     deadline = time.monotonic() + 300
     while not list(staged.glob("step=*.meta.json")) and time.monotonic() < deadline and proc.poll() is None:
@@ -112,18 +112,15 @@ def test_relaunch_on_a_new_machine_resumes_from_the_bucket_exactly(
     machine_c = tmp_path / "machine-c"
     machine_c.mkdir()
     env = machine_env(machine_c, moto_s3, tracking)
-    tool = [sys.executable, "-m"]
-    compared = subprocess.run([*tool, "recipes.compare", "--experiment", "digits", "--json"], cwd=machine_c,
-                              env=env, capture_output=True, text=True, timeout=300)
+    compared = run_module("recipes.compare", "--experiment", "digits", "--json", cwd=machine_c, env=env, timeout=300)
     assert compared.returncode == 0, compared.stderr[-3000:]
     assert [row["run_id"] for row in json.loads(compared.stdout)["runs"]] == [run.info.run_id]
-    promoted = subprocess.run([*tool, "recipes.promote", "--experiment", "digits", "--baseline", "none", "--json"],
-                              cwd=machine_c, env=env, capture_output=True, text=True, timeout=300)
+    promoted = run_module("recipes.promote", "--experiment", "digits", "--baseline", "none", "--json", cwd=machine_c,
+                          env=env, timeout=300)
     assert promoted.returncode == 0, promoted.stderr[-3000:]
     assert json.loads(promoted.stdout)["run_id"] == run.info.run_id
     assert client.get_model_version_by_alias("digits", "champion").run_id == run.info.run_id
-    reproduced = subprocess.run([*tool, "recipes.reproduce", run.info.run_id, "--dry_run"], cwd=machine_c,
-                                env=env, capture_output=True, text=True, timeout=300)
+    reproduced = run_module("recipes.reproduce", run.info.run_id, "--dry_run", cwd=machine_c, env=env, timeout=300)
     assert reproduced.returncode == 0, reproduced.stderr[-3000:]
     assert f"Rerunning run {run.info.run_id} (spot)" in reproduced.stdout
 

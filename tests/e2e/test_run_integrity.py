@@ -31,10 +31,10 @@ from tests.conftest import (
     CliResult,
     cli_env,
     client_for,
-    fit_command,
     free_port,
     run_fit,
     runs_of,
+    start_fit,
 )
 
 pytestmark = pytest.mark.e2e
@@ -48,8 +48,7 @@ def launch(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subp
     """Start the CLI in its own process group (as a scheduler would), output to files in ``workdir``."""
     n = len(list(workdir.glob("launch-*.err")))
     out, err = open(workdir / f"launch-{n}.out", "w"), open(workdir / f"launch-{n}.err", "w")
-    return subprocess.Popen(fit_command(*args), cwd=workdir, env=env or cli_env(workdir), start_new_session=True,
-                            stdout=out, stderr=err)
+    return start_fit(workdir, *args, env=env, start_new_session=True, stdout=out, stderr=err)
 
 
 def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, timeout: float = 120.0) -> None:

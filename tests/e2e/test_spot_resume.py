@@ -25,9 +25,9 @@ from tests.conftest import (
     cli_env,
     client_for,
     final_weights,
-    fit_command,
     run_fit,
     runs_of,
+    start_fit,
 )
 
 EPOCHS = 3
@@ -100,8 +100,7 @@ def test_interrupted_run_is_bitwise_identical(reference: dict, tmp_path: Path, s
 def test_external_sigterm_mid_training(reference: dict, tmp_path: Path) -> None:
     """A real SIGTERM from outside (as a scheduler sends it) at a seeded-random moment of training."""
     run_dir = tmp_path / "runs" / "digits" / "ext"
-    proc = subprocess.Popen(fit_command(*BASE, "--run_name", "ext"), cwd=tmp_path, env=cli_env(tmp_path),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start_fit(tmp_path, *BASE, "--run_name", "ext", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not list((run_dir / "checkpoints").glob("step=*.meta.json")) and time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -167,8 +166,7 @@ def test_sigkill_while_saving_then_relaunch_is_exact(reference: dict, tmp_path: 
     relaunch resumes from the newest checkpoint that verifies and still ends bitwise equal."""
     args = (*BASE, "--run_name", "killed", "--spot.every_n_steps", "1", "--async_checkpoint", "false")
     ckpt_dir = tmp_path / "runs" / "digits" / "killed" / "checkpoints"
-    proc = subprocess.Popen(fit_command(*args), cwd=tmp_path, env=cli_env(tmp_path),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_fit(tmp_path, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not list(ckpt_dir.glob("step=*.meta.json")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

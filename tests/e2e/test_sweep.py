@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import CONFIGS, cli_env, client_for
+from tests.conftest import CONFIGS, cli_env, client_for, run_module, start_module
 from tests.servers import PostgresServer, postgres  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.e2e
@@ -39,15 +38,16 @@ def write_space(workdir: Path, **extra: object) -> Path:
     return path
 
 
-def sweep_command(workdir: Path, name: str, trials: int, *args: str) -> list[str]:
-    return [sys.executable, "-m", "recipes.sweep", "--config", str(CONFIGS / "digits.yaml"),
-            "--space", str(workdir / "space.yaml"), "--trials", str(trials), "--name", name, *SHORT, *args]
+def sweep_args(workdir: Path, name: str, trials: int, *args: str) -> list[str]:
+    """Arguments of ``python -m recipes.sweep``."""
+    return ["--config", str(CONFIGS / "digits.yaml"), "--space", str(workdir / "space.yaml"), "--trials", str(trials),
+            "--name", name, *SHORT, *args]
 
 
 def run_sweep(workdir: Path, name: str, trials: int, *args: str, env: dict[str, str] | None = None,
               expect: int = 0) -> subprocess.CompletedProcess:
-    result = subprocess.run(sweep_command(workdir, name, trials, *args), cwd=workdir, env=env or cli_env(workdir),
-                            capture_output=True, text=True, timeout=TIMEOUT)
+    result = run_module("recipes.sweep", *sweep_args(workdir, name, trials, *args), cwd=workdir, env=env,
+                        timeout=TIMEOUT)
     assert result.returncode == expect, f"exit {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     return result
 
@@ -114,9 +114,8 @@ def test_six_trial_sweep_finishes_with_six_child_runs_and_a_best_trial_that_prom
     assert f"#{best.number} val/acc {best.value:.4f}" in result.stdout
     assert "baseline/linear_acc" in result.stdout and "importance" in result.stdout
 
-    promoted = subprocess.run([sys.executable, "-m", "recipes.promote", "--experiment", "digits", "--sweep", "six",
-                               "--baseline", "none", "--json"], cwd=tmp_path, env=cli_env(tmp_path),
-                              capture_output=True, text=True, timeout=300)
+    promoted = run_module("recipes.promote", "--experiment", "digits", "--sweep", "six", "--baseline", "none", "--json",
+                          cwd=tmp_path, timeout=300)
     assert promoted.returncode == 0, promoted.stderr
     assert json.loads(promoted.stdout)["run_id"] == runs[best.number][0].info.run_id
 
@@ -162,8 +161,8 @@ def test_sigterm_mid_trial_then_relaunch_ends_with_exactly_n_trials_the_interrup
             "--data.init_args.batch_size", "8", "--log_model", "false",
             "--enqueue", json.dumps({LR: 0.003}), "--enqueue", json.dumps({LR: 0.002}))
     env = cli_env(tmp_path)
-    proc = subprocess.Popen(sweep_command(tmp_path, "spot", 2, *args), cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = start_module("recipes.sweep", *sweep_args(tmp_path, "spot", 2, *args), cwd=tmp_path, env=env,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         db = tmp_path / "runs" / "digits" / "spot" / "study.db"
 
@@ -238,8 +237,8 @@ def test_two_processes_share_one_postgresql_study_without_duplicating_trials(
     storage = postgres.create_database("sweep_shared")
     env = cli_env(tmp_path)
     args = ("--storage", storage, "--pruner", "none", "--trainer.max_epochs", "1", "--log_model", "false")
-    procs = [subprocess.Popen(sweep_command(tmp_path, "team", 4, *args), cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    procs = [start_module("recipes.sweep", *sweep_args(tmp_path, "team", 4, *args), cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = []
     try:
         for proc in procs:

@@ -14,7 +14,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,9 +29,10 @@ from tests.conftest import (
     assert_bitwise_equal,
     cli_env,
     final_weights,
-    fit_command,
     remote_final_weights,
     run_fit,
+    run_module,
+    start_fit,
 )
 from tests.servers import (  # noqa: F401 - fixtures
     PostgresServer,
@@ -55,8 +55,7 @@ def team_env(workdir: Path, team: TeamServer) -> dict[str, str]:
 
 
 def tool(workdir: Path, team: TeamServer, module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=workdir, env=team_env(workdir, team),
-                          capture_output=True, text=True, timeout=TOOL_TIMEOUT)
+    return run_module(module, *args, cwd=workdir, env=team_env(workdir, team), timeout=TOOL_TIMEOUT)
 
 
 def one_run_per_name(client: mlflow.MlflowClient, experiment: str) -> dict[str, mlflow.entities.Run]:
@@ -165,13 +164,11 @@ def test_eight_concurrent_runs_of_a_new_experiment(team_server: TeamServer, tmp_
     for name in names:
         workdir = tmp_path / name
         workdir.mkdir()
-        procs[name] = subprocess.Popen(
-            fit_command(*DIGITS, "--experiment", "team-concurrent", "--run_name", name,
-                        "--runs_root", f"s3://{team_server.bucket}/concurrent", "--trainer.max_epochs", "1",
-                        "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2",
-                        "--log_model", "false"),
-            cwd=workdir, env=team_env(workdir, team_server), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True)
+        procs[name] = start_fit(
+            workdir, *DIGITS, "--experiment", "team-concurrent", "--run_name", name,
+            "--runs_root", f"s3://{team_server.bucket}/concurrent", "--trainer.max_epochs", "1",
+            "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2", "--log_model", "false",
+            env=team_env(workdir, team_server), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     errors = {name: proc.communicate(timeout=1100)[1] for name, proc in procs.items()}
     failed = {name: errors[name][-2500:] for name, proc in procs.items() if proc.returncode != 0}
     assert not failed, failed
@@ -206,8 +203,8 @@ def test_spot_run_resumes_on_a_wiped_machine_then_compare_promote_reproduce(
     args = (*base, "--runs_root", runs_root, "--run_name", "spot")
     machine_a = tmp_path / "machine-a"
     machine_a.mkdir()
-    proc = subprocess.Popen(fit_command(*args), cwd=machine_a, env=team_env(machine_a, team_server),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start_fit(machine_a, *args, env=team_env(machine_a, team_server), stdout=subprocess.DEVNULL,
+                     stderr=subprocess.PIPE, text=True)
     staged = machine_a / "runs" / "team-spot" / "spot" / "checkpoints"
     deadline = time.monotonic() + 600
     while not list(staged.glob("step=*.meta.json")) and time.monotonic() < deadline and proc.poll() is None:

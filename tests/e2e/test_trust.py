@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from callbacks.storage import ckpt_store
-from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit, runs_of, seed_mlflow_db
+from tests.conftest import CONFIGS, FAST, cli_env, client_for, run_fit, run_module, runs_of, seed_mlflow_db, start_fit
 
 DIGITS = str(CONFIGS / "digits.yaml")
 
@@ -29,8 +29,7 @@ DIGITS = str(CONFIGS / "digits.yaml")
 def _tool(workdir: Path, module: str, *args: str, env: dict[str, str] | None = None,
           timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` in ``workdir``, output captured."""
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=workdir, env=env or cli_env(workdir),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_module(module, *args, cwd=workdir, env=env, timeout=timeout)
 
 
 # ------------------------------------------------------------------------------- 1. records never run
@@ -402,10 +401,8 @@ def test_unreachable_database_store_exits_2_in_one_line_with_its_password_masked
 @pytest.mark.parametrize("after_setup_s", [0.0, 1.5])  # during the sanity check; in training
 def test_two_ctrl_c_presses_exit_130_with_the_message_once(tmp_path: Path, after_setup_s: float) -> None:
     name = f"twice-{int(after_setup_s * 10)}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "recipes.fit", "--config", DIGITS, *FAST, "--log_model", "false", "--run_name", name,
-         "--trainer.max_steps", "100000"],
-        cwd=tmp_path, env=cli_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_fit(tmp_path, "--config", DIGITS, *FAST, "--log_model", "false", "--run_name", name,
+                     "--trainer.max_steps", "100000", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         config = tmp_path / "runs/digits" / name / "config.yaml"  # written at setup
         deadline = time.monotonic() + 180

@@ -6,14 +6,13 @@ import csv
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from callbacks.analysis.scaling import amdahl_speedup
 from recipes.scale import UsageError, main, parse_devices, per_device_batch
-from tests.conftest import CONFIGS, REPO, cli_env, client_for
+from tests.conftest import CONFIGS, REPO, client_for, run_module
 
 PNG = b"\x89PNG\r\n\x1a\n"
 #: Parameters of the digits recipe's small CNN (width 32): conv 320 + conv 18,496 + linear 131,200 + 1,290.
@@ -21,8 +20,7 @@ DIGITS_PARAMS = 151_306
 
 
 def _scale(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recipes.scale", *args], cwd=workdir, env=cli_env(workdir),
-                          capture_output=True, text=True, timeout=timeout)
+    return run_module("recipes.scale", *args, cwd=workdir, timeout=timeout)
 
 
 @pytest.mark.e2e
