@@ -105,7 +105,10 @@ def _zygote_for(args: Sequence[str], env: dict[str, str]) -> Zygote | None:
     if os.environ.get(REAL_LAUNCHES_ENV) or any(a.startswith("--cpu_threads") for a in args):
         return None
     if not _ZYGOTE.started:
-        _ZYGOTE.start(env)
+        try:
+            _ZYGOTE.start(env)
+        except (OSError, RuntimeError) as err:  # the launches still run, each as a new interpreter
+            warnings.warn(f"launches start new interpreters: {err}", stacklevel=2)
     return _ZYGOTE if _ZYGOTE.serves(env) else None
 
 

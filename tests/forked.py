@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -181,8 +182,7 @@ def main() -> None:
 class ForkedProcess:
     """A child of the zygote, with the parts of ``subprocess.Popen``'s interface the tests use."""
 
-    def __init__(self, args: list[str], conn: socket.socket, pid: int, stdout: IO | None, stderr: IO | None,
-                 text: bool):
+    def __init__(self, args: list[str], conn: socket.socket, pid: int, stdout: IO | None, stderr: IO | None):
         self.args = args
         self.pid = pid
         self.returncode: int | None = None
@@ -190,7 +190,8 @@ class ForkedProcess:
         self.stderr = stderr
         self.stdin = None
         self._conn = conn
-        self._text = text
+        self._readers: list[threading.Thread] = []
+        self._output: dict[str, Any] = {}
 
     def _collect(self, timeout: float | None) -> int | None:
         if self.returncode is None:
@@ -226,18 +227,23 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
     def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:
-        """Read both pipes to their end while the process runs, then wait for it (as ``Popen`` does)."""
-        results: dict[str, Any] = {}
-        readers = [threading.Thread(target=lambda n=name, s=stream: results.__setitem__(n, s.read()), daemon=True)
-                   for name, stream in (("stdout", self.stdout), ("stderr", self.stderr)) if stream is not None]
-        for reader in readers:
-            reader.start()
-        for reader in readers:
-            reader.join(timeout)
+        """Read both pipes to their end while the process runs, then wait for it (as ``Popen`` does).
+
+        After a ``TimeoutExpired`` it may be called again (say, after ``kill``): the same readers go on.
+        """
+        if not self._readers:
+            self._readers = [threading.Thread(target=lambda n=name, s=stream: self._output.__setitem__(n, s.read()),
+                                              daemon=True)
+                             for name, stream in (("stdout", self.stdout), ("stderr", self.stderr)) if stream]
+            for reader in self._readers:
+                reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in self._readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if reader.is_alive():
                 raise subprocess.TimeoutExpired(self.args, timeout)
-        self.wait(timeout)
-        return results.get("stdout"), results.get("stderr")
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._output.get("stdout"), self._output.get("stderr")
 
     def __enter__(self) -> ForkedProcess:
         return self
@@ -256,7 +262,6 @@ class Zygote:
         self._proc: subprocess.Popen | None = None
         self._path = ""
         self._env: dict[str, str] = {}
-        self._lock = threading.Lock()
 
     @property
     def started(self) -> bool:
@@ -265,7 +270,9 @@ class Zygote:
     def start(self, env: Mapping[str, str]) -> None:
         """Start the zygote with ``env`` (what it imports under) and wait until it has imported everything."""
         self._env = dict(env)
-        self._path = str(Path(tempfile.mkdtemp(prefix="zygote-")) / "socket")
+        # a socket's path is limited to 107 bytes: a short folder, whatever TMPDIR is
+        self._path = str(Path(tempfile.mkdtemp(prefix="zygote-", dir="/tmp" if Path("/tmp").is_dir() else None))
+                         / "socket")
         repo = str(Path(__file__).resolve().parents[1])
         self._proc = subprocess.Popen([sys.executable, "-m", "tests.forked", self._path], cwd=repo, env=self._env,
                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
@@ -322,8 +329,7 @@ class Zygote:
                 os.close(fd)
         streams = {name: open(fd, "r" if text else "rb", closefd=True) for name, fd in parent_ends.items()}
         command = [sys.executable, script] if script else [sys.executable, "-m", module]
-        return ForkedProcess([*command, *args], conn, pid, streams.get("stdout"),
-                             streams.get("stderr"), text)
+        return ForkedProcess([*command, *args], conn, pid, streams.get("stdout"), streams.get("stderr"))
 
 
 if __name__ == "__main__":

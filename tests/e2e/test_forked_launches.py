@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ PROGRAM = textwrap.dedent("""
         raise ValueError("boom")
     if what == "sleep":
         print("sleeping", flush=True)
+        open("sleeping", "w").close()
         time.sleep(60)
     sys.exit(int(what))
 """)
@@ -112,3 +114,17 @@ def test_the_cli_prints_what_it_prints_in_a_new_interpreter(tmp_path: Path) -> N
         assert isinstance(proc, ForkedProcess) != real
         outputs[real] = (_normalized(out, name), _normalized(err, name))
     assert outputs[False] == outputs[True]
+
+
+def test_communicate_times_out_then_returns_what_was_written_once_killed(program: Path) -> None:
+    proc = forked(program, "sleep", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.communicate(timeout=0.2)
+    deadline = time.monotonic() + 60
+    while not (program / "sleeping").exists():  # everything written: what is read after the kill is all of it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.kill()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert out.splitlines()[1:] == ["sleeping"] and err == "err\n"
