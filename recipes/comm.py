@@ -67,16 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--params", required=True, help="number of parameters, e.g. 1.5e9")
     parser.add_argument(
-        "--bytes-per-param", default="4", help="bytes per gradient element or dtype name (default 4 = fp32)"
+        "--bytes-per-param", default="4", help="bytes per gradient element or dtype name (4 = fp32)"
     )
     parser.add_argument("--bandwidth-gbps", required=True, help="link bandwidth in Gbit/s, e.g. 100")
-    parser.add_argument("--latency-us", default="0", help="per-step link latency in microseconds (default 0)")
+    parser.add_argument("--latency-us", default="0", help="per-step link latency in microseconds")
     parser.add_argument("--workers", required=True, help="comma-separated worker counts, e.g. 2,8,64")
     parser.add_argument(
-        "--powersgd-ratio", default="0.01", help="PowerSGD bytes as a fraction of uncompressed (default 0.01)"
+        "--powersgd-ratio", default="0.01", help="PowerSGD bytes as a fraction of uncompressed"
     )
     parser.add_argument(
-        "--topk-ratio", default="0.01", help="top-k: fraction of the parameters sent, values + indices (default 0.01)"
+        "--topk-ratio", default="0.01", help="top-k: fraction of the parameters sent, values + indices"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--params {args.params} x --bytes-per-param {args.bytes_per_param} bytes overflow a "
                              "float: give a real model size (e.g. 1.5e9)")
     except UsageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
 
     rows = [
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     overflowed = sorted({k for row in rows for k, v in row.items() if not math.isfinite(v)})
     if overflowed:  # the bytes fit a float, a time or saving computed from them does not
-        print(f"{PROG}: error: --params {args.params} with --bandwidth-gbps {args.bandwidth_gbps} and --latency-us "
+        print(f"error: --params {args.params} with --bandwidth-gbps {args.bandwidth_gbps} and --latency-us "
               f"{args.latency_us} overflow a float in {', '.join(overflowed)}: give a real model size and link",
               file=sys.stderr)
         return 2

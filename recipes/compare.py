@@ -39,9 +39,11 @@ from mlflow.entities import Run, ViewType
 from recipes.run.common import (
     COST_KEY,
     LINEAR_BASELINE_KEY,
+    ArgumentParser,
     UsageError,
     check_tracking_server,
     get_experiment,
+    parse_or_exit,
     run_main,
     tracking_uri,
 )
@@ -474,9 +476,9 @@ def write_plot(rows: list[RunRow], metric: str, path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m recipes.compare", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m recipes.compare", description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", required=True, help="MLflow experiment name.")
-    parser.add_argument("--metric", default="val/acc", help="Metric to sort by (final value). Default val/acc.")
+    parser.add_argument("--metric", default="val/acc", help="Metric to sort by (final value).")
     parser.add_argument("--mode", choices=("max", "min"), default=None,
                         help="Best is max or min (default: min for losses, errors and costs, else max).")
     parser.add_argument("--plot", default=None, metavar="FILE", help="Also write a comparison PNG here.")
@@ -487,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_or_exit(build_parser(), argv)
     return run_main(lambda: _compare_and_show(args))
 
 

@@ -129,7 +129,7 @@ from recipes.planning.runs import (
     resolve_run,
     tracking_client,
 )
-from recipes.run.common import SERIAL_KEY, ArgumentParser, UsageError, human_duration, positive_ints
+from recipes.run.common import SERIAL_KEY, ArgumentParser, UsageError, human_duration, parse_or_exit, positive_ints
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -155,7 +155,7 @@ DEFAULT_BATCHES = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m recipes.plan",
         description="Expected wall time and cost per device count and market (on-demand vs spot). "
                     "For which batch size: python -m recipes.plan batch --help.",
@@ -185,15 +185,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-period-h", type=float,
                    help="period of --interruption-rate, hours (default 1 with --interruption-rate)")
     p.add_argument(
-        "--save-cost-s", type=float, default=30.0, help="seconds to write a checkpoint (default 30)"
+        "--save-cost-s", type=float, default=30.0, help="seconds to write a checkpoint"
     )
     p.add_argument(
-        "--restart-s", type=float, default=120.0, help="seconds to restart and reload (default 120)"
+        "--restart-s", type=float, default=120.0, help="seconds to restart and reload"
     )
     p.add_argument(
         "--devices",
         default=",".join(map(str, DEFAULT_DEVICES)),
-        help="comma-separated device counts (default 1,2,4,8,16,32,64)",
+        help="comma-separated device counts",
     )
     p.add_argument("--deadline-h", type=float, help="pick the cheapest plan done within this many hours")
     p.add_argument("--budget-usd", type=float, help="pick the fastest plan within this many USD")
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["batch"]:  # which batch size: batch_main below
         return batch_main(argv[1:])
-    args = _parser().parse_args(argv)
+    args = parse_or_exit(_parser(), argv)
     try:
         inputs, source, rate_source = _inputs_from_args(args)
     except (KeyError, ValueError, FileNotFoundError, UsageError) as err:
@@ -402,21 +402,21 @@ def _batch_parser() -> argparse.ArgumentParser:
     st.add_argument("--step-times", help="per-device BATCH:SECONDS pairs, e.g. 32:0.011,64:0.015")
     st.add_argument("--step-time-runs", help="comma-separated MLflow run ids: each one's time/mean/step_s at its batch")
     st.add_argument("--sweep", metavar="CONFIG", help="run short recipes.fit runs of CONFIG at each of --batches")
-    st.add_argument("--sweep-steps", type=int, default=60, help="steps per sweep run (default 60)")
+    st.add_argument("--sweep-steps", type=int, default=60, help="steps per sweep run")
     p.add_argument("--validate", metavar="CONFIG", help="train CONFIG to --target at each of --batches and compare")
     p.add_argument("--val-every-examples", type=int, default=320, help="--validate: validate every this many examples")
     p.add_argument("--max-epochs", type=int, default=20, help="--validate: give up after this many epochs")
     p.add_argument("--stamp", help="--validate: reuse the finished runs of this stamp (printed at the end)")
     p.add_argument("--batches", help=f"global batch sizes (default {','.join(map(str, DEFAULT_BATCHES))})")
-    p.add_argument("--devices", default="1", help="data-parallel device counts, e.g. 1,2,4,8 (default 1)")
+    p.add_argument("--devices", default="1", help="data-parallel device counts, e.g. 1,2,4,8")
     comm = p.add_argument_group("gradient communication per step on N > 1 devices (ring all-reduce)")
     comm.add_argument("--params", type=float, help="model parameters")
-    comm.add_argument("--bytes-per-param", type=float, default=4.0, help="bytes per gradient element (default 4)")
+    comm.add_argument("--bytes-per-param", type=float, default=4.0, help="bytes per gradient element")
     comm.add_argument("--bandwidth-gbps", type=float, help="link bandwidth, Gbit/s")
-    comm.add_argument("--latency-us", type=float, default=5.0, help="per-hop latency, microseconds (default 5)")
-    p.add_argument("--instance", default="cpu-local", help="instance from the price catalog (default cpu-local)")
+    comm.add_argument("--latency-us", type=float, default=5.0, help="per-hop latency, microseconds")
+    p.add_argument("--instance", default="cpu-local", help="instance from the price catalog")
     p.add_argument("--catalog", help="price catalog YAML (default callbacks/analysis/prices.yaml)")
-    p.add_argument("--market", default="on_demand", choices=MARKETS, help="which price (default on_demand)")
+    p.add_argument("--market", default="on_demand", choices=MARKETS, help="which price")
     p.add_argument("--price-per-h", type=float, help="override the instance's price per hour, USD")
     p.add_argument("--json", action="store_true", help="print the rows and picks as JSON")
     p.add_argument("--plot", help="write time and cost vs batch size to this PNG")

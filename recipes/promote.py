@@ -37,7 +37,15 @@ from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 
 from recipes.compare import baselines_for
-from recipes.run.common import USAGE_EXIT_CODE, UsageError, check_tracking_server, get_experiment, tracking_uri
+from recipes.run.common import (
+    USAGE_EXIT_CODE,
+    ArgumentParser,
+    UsageError,
+    check_tracking_server,
+    get_experiment,
+    parse_or_exit,
+    tracking_uri,
+)
 
 __all__ = ["Promotion", "Refused", "best_run", "check_baseline", "check_baseline_kind", "find_sweep",
            "logged_model_uri", "main", "promote", "runs_with_metric", "sweep_trials"]
@@ -220,7 +228,7 @@ def promote(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m recipes.promote", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m recipes.promote", description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default=None, help="MLflow experiment name (required unless --sweep).")
     parser.add_argument("--sweep", default=None, help="Promote the best unpruned trial of this recipes.sweep.")
     parser.add_argument("--metric", default=None,
@@ -231,16 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--baseline", default=None,
                         help="Metric the run must beat (default: the linear baseline of the metric's kind, "
                              "baseline/linear_acc or baseline/linear_expected_cost); 'none' skips the check.")
-    parser.add_argument("--alias", default=ALIAS, help=f"Alias to point at the new version (default {ALIAS}).")
+    parser.add_argument("--alias", default=ALIAS, help="Alias to point at the new version.")
     parser.add_argument("--json", action="store_true", help="Print the promotion as JSON.")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_or_exit(build_parser(), argv)
     if args.experiment is None and args.sweep is None:
-        parser.error("--experiment is required (or --sweep NAME)")
+        print("error: --experiment is required (or --sweep NAME)", file=sys.stderr)
+        return USAGE_EXIT_CODE
     uri = tracking_uri()
     try:
         check_tracking_server(uri)

@@ -56,9 +56,11 @@ from recipes.run.common import (
     ENV_RUN_TAGS,
     REPRODUCES_TAG,
     USAGE_EXIT_CODE,
+    ArgumentParser,
     UsageError,
     check_tracking_server,
     find_run,
+    parse_or_exit,
     tracking_uri,
 )
 
@@ -392,13 +394,13 @@ def warn_rerun_differences(client: mlflow.MlflowClient, rerun_id: str, manifest:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m recipes.reproduce", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m recipes.reproduce", description=__doc__.splitlines()[0])
     parser.add_argument("run_id", help="MLflow run id of the run to reproduce.")
     parser.add_argument("--runs_root", default=None,
                         help="Root of the new run's directory (default: the original config's runs_root).")
     parser.add_argument("--run_name", default=None, help="Name of the new run (default: <original>-repro-<time>).")
     parser.add_argument("--tolerance", type=float, default=0.0,
-                        help="Largest absolute metric difference counted as the same (default 0: identical).")
+                        help="Largest absolute metric difference counted as the same (0: identical).")
     parser.add_argument("--ignore", action="append", default=[], metavar="PATTERN",
                         help="Also leave metrics matching this fnmatch pattern out (repeatable).")
     parser.add_argument("--dry_run", action="store_true", help="Only print the differences and the command.")
@@ -406,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_or_exit(build_parser(), argv)
     if not (args.tolerance >= 0 and math.isfinite(args.tolerance)):
         print(f"error: --tolerance {args.tolerance} must be a finite number >= 0.", file=sys.stderr)
         return USAGE_EXIT_CODE

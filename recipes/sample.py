@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recipes.run.common import USAGE_EXIT_CODE
+from recipes.run.common import USAGE_EXIT_CODE, ArgumentParser, parse_or_exit
 
 if TYPE_CHECKING:
     from recipes.gpt import GPT
@@ -50,7 +50,7 @@ def load_gpt(path: Path, map_location: str = "cpu") -> GPT:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = ArgumentParser(prog="python -m recipes.sample", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--ckpt", required=True, help="checkpoint file (or FSDP checkpoint directory)")
     parser.add_argument("--prompt", default="\n", help="text to continue (UTF-8)")
     parser.add_argument("--max-new-bytes", type=int, default=200, help="bytes to generate")
@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest bytes (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
-    return parser.parse_args(argv)
+    return parse_or_exit(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,15 +46,14 @@ import re
 import sys
 from pathlib import Path
 
-from recipes.run.common import ArgumentParser, HelpFormatter, UsageError, check_tracking_server, run_main, tracking_uri
+from recipes.run.common import ArgumentParser, UsageError, check_tracking_server, run_main, tracking_uri
 
 PROG = "python -m recipes.sweep"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None,
-                            formatter_class=HelpFormatter)
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--config", action="append", required=True, help="recipe YAML (repeatable, as for recipes.fit)")
     parser.add_argument("--space", required=True, help="search space YAML (recipes/sweeps/space.py)")
     parser.add_argument("--trials", type=int, required=True, help="trials in the sweep, in all")

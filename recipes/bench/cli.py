@@ -28,7 +28,7 @@ from recipes.bench.overhead import (
     print_overhead,
 )
 from recipes.bench.runs import PIECES
-from recipes.run.common import ArgumentParser, HelpFormatter, UsageError
+from recipes.run.common import ArgumentParser, UsageError
 from recipes.run.process import quiet_lightning_info
 from recipes.soak import cli as chaos
 
@@ -37,14 +37,12 @@ PROG = "python -m recipes.bench"
 
 # --------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None,
-                            formatter_class=HelpFormatter)
+    parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     over = sub.add_parser("overhead", help="plain PyTorch vs plain Lightning vs the full recipe",
                           description="Throughput of one MLP trained as (a) a plain PyTorch loop, (b) plain "
                                       f"Lightning, (c) the full recipe; goals c/b >= {GOAL_C_OVER_B} with its 95% CI "
-                                      f"above {C_OVER_B_CI_FLOOR}, c/a >= {GOAL_C_OVER_A}.",
-                          formatter_class=HelpFormatter)
+                                      f"above {C_OVER_B_CI_FLOOR}, c/a >= {GOAL_C_OVER_A}.")
     over.add_argument("--steps", type=int, default=40, help="optimizer steps per variant and round, warm-up included")
     over.add_argument("--warmup", type=int, default=10, help="steps before the throughput window opens")
     over.add_argument("--rounds", type=int, default=3,
@@ -68,8 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt = sub.add_parser("checkpoint", help="periodic checkpoint stall, sync vs async",
                           description="How long periodic checkpoints stall the training loop, synchronous vs "
                                       "asynchronous writer; goals: async effective <= 10% of sync, staging <= 2x the "
-                                      "memory-copy floor.",
-                          formatter_class=HelpFormatter)
+                                      "memory-copy floor.")
     ckpt.add_argument("--steps", type=int, default=40, help="optimizer steps per writer and round, warm-up included")
     ckpt.add_argument("--warmup", type=int, default=5, help="steps before the timed window (their saves not counted)")
     ckpt.add_argument("--every", type=int, default=10, help="save a checkpoint every this many steps")
@@ -86,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_arguments(sub.add_parser("chaos", help="seeded random faults on one digits run, relaunched after "
                                                      "each, then checked (see recipes/soak/)"))
     cont = sub.add_parser("contention", help="the digits recipe's step quiet and beside a busy process, per "
-                                             "CPU thread setting", formatter_class=HelpFormatter,
+                                             "CPU thread setting",
                           description="Step time of the default digits recipe's model and data, quiet and beside one "
                                       "CPU-bound busy loop, for torch's default threads (spinning waits: the "
                                       "default --cpu_threads auto), OMP_WAIT_POLICY=PASSIVE, a short spin "
@@ -100,22 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
     cont.add_argument("--json", action="store_true", help="print the figures as JSON")
     bench_compression.add_arguments(sub.add_parser(
         "compression", help="dense, fp16, PowerSGD and top-k on the digits recipe, 2 processes: bytes, step, accuracy",
-        formatter_class=HelpFormatter, description=(bench_compression.__doc__ or "").splitlines()[0]))
+        description=(bench_compression.__doc__ or "").splitlines()[0]))
     from recipes.bench import gpu as bench_gpu
 
     bench_gpu.add_arguments(sub.add_parser(
         "gpu", help="the GPU check: gpt-124m tokens/s and MFU, recipe overhead, StepTiming's CUDA clock, "
                     "checkpoint stall vs a pinned copy (a cpu reduced mode without a GPU)",
-        description=bench_gpu.__doc__.splitlines()[0] if bench_gpu.__doc__ else None, formatter_class=HelpFormatter))
+        description=bench_gpu.__doc__.splitlines()[0] if bench_gpu.__doc__ else None))
     bench_lm.add_arguments(sub.add_parser(
         "lm", help="the GPT recipe's step and trainer.fit vs plain Lightning's and a plain PyTorch loop's",
-        description=bench_lm.__doc__.splitlines()[0] if bench_lm.__doc__ else None, formatter_class=HelpFormatter))
+        description=bench_lm.__doc__.splitlines()[0] if bench_lm.__doc__ else None))
     bench_startup.add_arguments(sub.add_parser(
         "startup", help="a launch's time to its first step and to exit, phase by phase (fresh and relaunch)",
-        description=bench_startup.__doc__.splitlines()[0] if bench_startup.__doc__ else None,
-        formatter_class=HelpFormatter))
+        description=bench_startup.__doc__.splitlines()[0] if bench_startup.__doc__ else None))
     fit = sub.add_parser("fit", help="the default digits recipe's trainer.fit vs plain Lightning's, side by side",
-                         formatter_class=HelpFormatter,
                          description="trainer.fit of `python -m recipes.fit --config configs/digits.yaml` (in this "
                                      "process) and of plain Lightning on the same ImageClassifier, DigitsDataModule, "
                                      "epochs and validation (no logger, checkpointing or progress bar), interleaved "

@@ -15,13 +15,26 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from recipes.run import tracking
+from recipes.run.compat import HelpFormatter
 
 if TYPE_CHECKING:
     import mlflow
     from mlflow.entities import Run
 
-__all__ = ["SIGINT_EXIT_CODE", "USAGE_EXIT_CODE", "ArgumentParser", "HelpFormatter", "UsageError",
-           "check_tracking_server", "find_run", "get_experiment", "positive_ints", "run_main", "tracking_uri"]
+__all__ = [
+    "SIGINT_EXIT_CODE",
+    "USAGE_EXIT_CODE",
+    "ArgumentParser",
+    "HelpFormatter",
+    "UsageError",
+    "check_tracking_server",
+    "find_run",
+    "get_experiment",
+    "parse_or_exit",
+    "positive_ints",
+    "run_main",
+    "tracking_uri",
+]
 
 #: Exit status for bad input (as argparse and jsonargparse use for parse errors).
 USAGE_EXIT_CODE = 2
@@ -68,19 +81,29 @@ class UsageError(Exception):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` instead of printing its usage and exiting."""
+    """The argument parser of every tool but ``recipes.fit`` (which is Lightning's, jsonargparse).
+
+    Bad input raises :class:`UsageError` (the tool prints it as one line and exits 2) instead of printing
+    the usage; ``--help`` gives each option's default after its help (:class:`HelpFormatter`). argparse, not
+    jsonargparse: ``recipes.scale`` and ``recipes.sweep`` pass the options they do not know on to
+    ``recipes.fit`` (``parse_known_args``), which jsonargparse refuses by design.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Each option's default after its help, except an uninformative ``None`` or ``False``."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
+def parse_or_exit(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; bad input is one line on stderr and ``SystemExit(2)``, as argparse exits."""
+    try:
+        return parser.parse_args(argv)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(USAGE_EXIT_CODE) from None
 
 
 def run_main(body: Callable[[], int]) -> int:

@@ -19,10 +19,13 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
   ``LightningCLI._instantiate_trainer`` in ``recipes/run/cli.py`` (the one hook that receives the trainer's
   config and the callbacks from the config together) and ``ThroughputMonitor._compute`` in
   ``callbacks/throughput.py`` (where Lightning's monitor names and logs its metrics).
+- :class:`HelpFormatter`: argparse's ``HelpFormatter._get_help_string``, the one hook that decides whether an
+  option's help says its default (argparse documents its formatter classes' names, not their methods).
 """
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 #: ``ModelCheckpoint.state_dict()``'s keys that hold one absolute path each; ``best_k_models`` maps paths to scores.
@@ -44,3 +47,12 @@ def mlflow_schema_head() -> str:
     from mlflow.store.db.utils import _get_latest_schema_revision
 
     return _get_latest_schema_revision()
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help, except one that says nothing (``None``, ``False``, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.default in ([], (), ""):
+            return action.help
+        return super()._get_help_string(action)

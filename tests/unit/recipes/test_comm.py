@@ -99,5 +99,5 @@ def test_bad_values_exit_2_with_one_line_naming_the_value(capsys, argv, named):
     assert out.out == ""
     lines = out.err.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("python -m recipes.comm: error: ")
+    assert lines[0].startswith("error: ")
     assert named in lines[0]

@@ -21,7 +21,7 @@ def test_plan_step_time_that_overflows_the_work_exits_2(capsys: pytest.CaptureFi
 
 def test_comm_zero_params_exits_2(capsys: pytest.CaptureFixture) -> None:
     assert comm.main(["--params", "0", "--bandwidth-gbps", "100", "--workers", "2"]) == 2
-    assert capsys.readouterr().err == "python -m recipes.comm: error: --params: '0' must be a finite number > 0\n"
+    assert capsys.readouterr().err == "error: --params: '0' must be a finite number > 0\n"
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])
@@ -29,7 +29,7 @@ def test_comm_params_that_overflow_exit_2_without_inf_rows(capsys: pytest.Captur
     assert comm.main(["--params", "1e308", "--bandwidth-gbps", "100", "--workers", "2,8", *json_flag]) == 2
     out = capsys.readouterr()
     assert out.out == ""
-    assert out.err == ("python -m recipes.comm: error: --params 1e308 x --bytes-per-param 4 bytes overflow a float: "
+    assert out.err == ("error: --params 1e308 x --bytes-per-param 4 bytes overflow a float: "
                        "give a real model size (e.g. 1.5e9)\n")
 
 

@@ -55,3 +55,42 @@ def test_parser_raises_instead_of_printing_usage() -> None:
         parser.parse_args([])
     with pytest.raises(UsageError, match="argument --n: invalid int value: 'two'"):
         parser.parse_args(["--n", "two"])
+
+
+#: Every tool but fit (Lightning's parser), each given one bad argument: (module, argv, its one error line).
+BAD_ARGUMENTS = [
+    ("compare", ["--bogus"], "error: the following arguments are required: --experiment"),
+    ("compare", ["--experiment", "e", "--mode", "up"], "error: argument --mode: invalid choice: 'up' (choose from "
+                                                       "'max', 'min')"),
+    ("promote", ["--experiment", "e", "--bogus"], "error: unrecognized arguments: --bogus"),
+    ("promote", [], "error: --experiment is required (or --sweep NAME)"),
+    ("reproduce", [], "error: the following arguments are required: run_id"),
+    ("reproduce", ["r", "--tolerance", "x"], "error: argument --tolerance: invalid float value: 'x'"),
+    ("sample", ["--ckpt", "c", "--top-k", "many"], "error: argument --top-k: invalid int value: 'many'"),
+    ("plan", ["--instance", "x", "--steps", "1.5"], "error: argument --steps: invalid int value: '1.5'"),
+    ("plan", ["batch", "--bogus"], "error: unrecognized arguments: --bogus"),
+    ("comm", ["--params", "1", "--bandwidth-gbps", "1", "--workers", "2", "--bogus"],
+     "error: unrecognized arguments: --bogus"),
+    ("scale", ["--config", "c.yaml", "--steps", "x"], "error: argument --steps: invalid int value: 'x'"),
+    ("sweep", ["--config", "c.yaml", "--space", "s.yaml", "--trials", "x"],
+     "error: argument --trials: invalid int value: 'x'"),
+    ("bench.cli", ["nonsense"], "error: argument command: invalid choice: 'nonsense' (choose from 'overhead', "
+                            "'checkpoint', 'chaos', 'contention', 'compression', 'gpu', 'lm', 'startup', 'fit', "
+                                "'_contention_worker')"),
+]
+
+
+@pytest.mark.parametrize(("tool", "argv", "line"), BAD_ARGUMENTS, ids=[f"{t}-{i}" for i, (t, *_) in
+                                                                      enumerate(BAD_ARGUMENTS)])
+def test_every_tool_reports_a_bad_argument_in_one_line_and_exits_2(tool: str, argv: list[str], line: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """One parser for every tool: no usage block, the one line that names the bad value, exit code 2."""
+    import importlib
+
+    main = importlib.import_module(f"recipes.{tool}").main
+    try:
+        code = main(argv)
+    except SystemExit as exit_request:
+        code = exit_request.code
+    assert code == USAGE_EXIT_CODE
+    assert capsys.readouterr().err.splitlines() == [line]

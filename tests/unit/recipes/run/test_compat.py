@@ -47,3 +47,17 @@ def test_model_checkpoint_state_keeps_its_path_keys(tmp_path: Path) -> None:
     missing = [k for k in (*compat.MODEL_CHECKPOINT_PATH_KEYS, compat.MODEL_CHECKPOINT_BEST_K_KEY) if k not in state]
     assert not missing, f"compat.MODEL_CHECKPOINT_PATH_KEYS: ModelCheckpoint.state_dict() no longer has {missing}"
     assert state["dirpath"] == str(tmp_path) and isinstance(state[compat.MODEL_CHECKPOINT_BEST_K_KEY], dict)
+
+
+def test_help_formatter_says_an_options_default_only_when_it_says_something() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tool", formatter_class=compat.HelpFormatter)
+    parser.add_argument("--steps", type=int, default=30, help="steps")
+    for name, default in (("--name", None), ("--json", False), ("--ignore", [])):
+        parser.add_argument(name, default=default, help=name.strip("-"))
+    text = " ".join(parser.format_help().split())
+    assert "steps (default: 30)" in text, \
+        "compat.HelpFormatter: argparse.HelpFormatter._get_help_string no longer adds the default"
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text, \
+        "compat.HelpFormatter: argparse no longer asks HelpFormatter._get_help_string for an option's help"
