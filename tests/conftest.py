@@ -88,10 +88,6 @@ def _worker_threads() -> None:
         torch.set_num_threads(int(share["OMP_NUM_THREADS"]))
 
 
-def fit_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "recipes.fit", *args]
-
-
 #: Set (to anything) to start every launch as a new interpreter instead of a fork of the zygote.
 REAL_LAUNCHES_ENV = "TESTS_REAL_LAUNCHES"
 _ZYGOTE = Zygote()

@@ -163,6 +163,8 @@ def main() -> None:
     # The interpreter's exit up to its finalization: non-daemon threads joined, atexit handlers, streams
     # flushed. The finalization itself (tearing down every preloaded module, seconds) is skipped: a new
     # interpreter would tear down only what the program imported. (CPython's private hooks are the only ones.)
+    # recipes/run/shutdown.py ends the CLI the same way; it is not imported here: the zygote imports no project
+    # module, so that each child imports the project fresh.
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
