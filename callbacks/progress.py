@@ -30,8 +30,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import RichProgressBar
 from typing_extensions import override
 
-#: Redraws per second at most: the eye reads no faster, and each redraw costs the training loop.
-DEFAULT_MAX_REFRESH_HZ = 10.0
+#: Redraws per second at most: a counter that changes four times a second reads as live, and each redraw (in
+#: the refresh thread, holding the GIL) is time the training step waits for.
+DEFAULT_MAX_REFRESH_HZ = 4.0
 
 
 class RunProgressBar(RichProgressBar):

@@ -9,12 +9,16 @@ clipping as ``configs/gpt.yaml``, three ways, interleaved round by round in this
 - ``recipe``: ``python -m recipes.fit --config configs/gpt.yaml`` (every default piece: MLflow, LM
   baselines, token throughput, step timing, spot, cost, checkpoints, progress bar).
 
-Each round gives the median step interval (the time per step, validation steps aside by the median)
-and the whole ``trainer.fit``; the ratios' 95 % intervals come from a bootstrap over paired rounds.
+The variants run in every order in turn (with three: six orders), so none is always first, last or
+between the same two while the machine's speed drifts. Each round gives the median step interval (the
+time per step, validation steps aside by the median) and the whole ``trainer.fit``; the ratios' 95 %
+intervals come from a bootstrap over paired rounds. Each run also reads its threads' CPU time over the
+step window (:mod:`recipes.bench.threads`): what runs beside the step, which no ablation resolves.
 Goals: the recipe's step at most ``GOAL_STEP_RATIO`` of plain Lightning's, its ``trainer.fit`` at most
 ``GOAL_FIT_RATIO``. ``--ablate`` instead turns the recipe's pieces off one at a time::
 
     python -m recipes.bench lm --steps 300 --rounds 5 --max-rounds 9
+    python -m recipes.bench lm --variants lightning,recipe --steps 100 --rounds 90 --max-rounds 90
     python -m recipes.bench lm --steps 300 --rounds 3 --ablate
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
 import os
 import statistics
@@ -41,6 +46,7 @@ from rich.table import Table
 from recipes.bench.output import emit
 from recipes.bench.runs import PIECES, Stopwatch, from_spec, own_store, run_full_recipe
 from recipes.bench.stats import bracketed_rounds, ci_settled, time_ratio_ci, verdict_at_most
+from recipes.bench.threads import NATIVE, ThreadCpuWindow
 from recipes.run.common import UsageError
 
 GPT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "gpt.yaml"
@@ -81,15 +87,16 @@ def _median_step_s(ends: list[float]) -> float:
 def plain_lightning(steps: int, root: Path) -> dict[str, float]:
     """Plain Lightning on the recipe's module and data: ``trainer.fit`` seconds and the median step."""
     model, data, trainer_cfg = _gpt_parts(steps)
-    watch = Stopwatch()  # one perf_counter a step: the only callback
+    watch = Stopwatch()  # one perf_counter a step, and the threads' CPU read twice: the only callbacks
+    threads = ThreadCpuWindow(WARMUP_STEPS + 1, steps)
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, callbacks=[watch],
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[watch, threads],
                       default_root_dir=root, **trainer_cfg)
     with open(root / "lightning.log", "a") as log_file, contextlib.redirect_stdout(log_file):
         started = time.perf_counter()
         trainer.fit(model, datamodule=data)
         fit_s = time.perf_counter() - started
-    return {"fit_s": fit_s, "step_s": _median_step_s(watch.ends)}
+    return {"fit_s": fit_s, "step_s": _median_step_s(watch.ends), "threads": threads.shares}
 
 
 def plain_torch(steps: int, root: Path) -> dict[str, float]:
@@ -133,30 +140,39 @@ def plain_torch(steps: int, root: Path) -> dict[str, float]:
 def full_recipe(steps: int, root: Path, index: int, without: frozenset[str] = frozenset()) -> dict[str, float]:
     """``python -m recipes.fit --config configs/gpt.yaml`` in this process (less ``without``)."""
     watch = Stopwatch()
+    threads = ThreadCpuWindow(WARMUP_STEPS + 1, steps)
     recipe = ["--config", str(GPT_CONFIG), "--experiment", "bench-lm", "--trainer.max_steps", str(steps),
               "--trainer.val_check_interval", str(min(100, steps))]
-    ends, flow_s = run_full_recipe(recipe, root, index, without, watch=watch)
+    ends, flow_s = run_full_recipe(recipe, root, index, without, watch=watch, also=[threads])
     assert watch.fit_s is not None
-    return {"fit_s": watch.fit_s, "step_s": _median_step_s(ends), "flow_s": flow_s}
+    return {"fit_s": watch.fit_s, "step_s": _median_step_s(ends), "flow_s": flow_s, "threads": threads.shares}
+
+
+def round_order(variants: list[str], index: int) -> tuple[str, ...]:
+    """Round ``index``'s order of ``variants``: every order in turn, so each variant stands in every place
+    (first, last, between any two others) equally often over ``len(variants)!`` rounds."""
+    orders = list(itertools.permutations(variants))
+    return orders[index % len(orders)]
 
 
 def bench_lm(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """The three variants, interleaved, until the step ratio's CI is narrower than ``STEP_MARGIN``."""
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    variants = [v for v in VARIANTS if v in (args.variants or VARIANTS)]
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     step_ci = fit_ci = (math.nan, math.nan, math.nan)
     with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
         for index in range(max(args.rounds, args.max_rounds)):
-            for variant in VARIANTS if index % 2 == 0 else VARIANTS[::-1]:  # no variant always first
+            for variant in round_order(variants, index):
                 if variant == "torch":
                     runs[variant].append(plain_torch(args.steps, root))
                 elif variant == "lightning":
                     runs[variant].append(plain_lightning(args.steps, root))
                 else:
                     runs[variant].append(full_recipe(args.steps, root, index))
-            last = {v: runs[v][-1] for v in VARIANTS}
-            console.print(f"round {index + 1}: ms/step torch {last['torch']['step_s'] * 1e3:.1f}, lightning "
-                          f"{last['lightning']['step_s'] * 1e3:.1f}, recipe {last['recipe']['step_s'] * 1e3:.1f}; "
-                          f"trainer.fit s lightning {last['lightning']['fit_s']:.1f}, recipe "
+            last = {v: runs[v][-1] for v in variants}
+            console.print(f"round {index + 1}: ms/step "
+                          + ", ".join(f"{v} {last[v]['step_s'] * 1e3:.1f}" for v in variants)
+                          + f"; trainer.fit s lightning {last['lightning']['fit_s']:.1f}, recipe "
                           f"{last['recipe']['fit_s']:.1f}", highlight=False)
             if index + 1 >= max(2, args.rounds):
                 step_ci = time_ratio_ci([r["step_s"] for r in runs["recipe"]], [r["step_s"] for r in runs["lightning"]])
@@ -170,7 +186,7 @@ def bench_lm(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             "fit_ratio": fit_ci[0], "fit_ci95": list(fit_ci[1:]),
             "fit_verdict": verdict_at_most(fit_ci[1], fit_ci[2], GOAL_FIT_RATIO),
             "rounds_run": len(runs["recipe"]), "load_average": list(os.getloadavg()),
-            "settings": {k: getattr(args, k) for k in ("steps", "rounds", "max_rounds")}}
+            "settings": {k: getattr(args, k) for k in ("steps", "rounds", "max_rounds", "variants")}}
 
 
 def _tokens_per_step() -> int:
@@ -185,7 +201,7 @@ def print_lm(figures: dict[str, Any], console: Console) -> None:
     for column in ("variant", "ms / step", "tokens/s", "trainer.fit s"):
         table.add_column(column, justify="left" if column == "variant" else "right")
     names = {"torch": "plain PyTorch loop", "lightning": "plain Lightning", "recipe": "full recipe"}
-    for variant in VARIANTS:
+    for variant in figures["runs"]:
         step = statistics.median(r["step_s"] for r in figures["runs"][variant])
         fit = statistics.median(r["fit_s"] for r in figures["runs"][variant])
         table.add_row(names[variant], f"{step * 1e3:.1f}", f"{tokens / step:,.0f}", f"{fit:.1f}")
@@ -195,8 +211,33 @@ def print_lm(figures: dict[str, Any], console: Console) -> None:
         console.print(f"recipe / plain Lightning {'time per step' if what == 'step' else 'trainer.fit'} = "
                       f"{figures[f'{what}_ratio']:.3f}, 95% CI {low:.3f} .. {high:.3f} (goal <= {goal}): "
                       f"{figures[f'{what}_verdict']}", highlight=False)
+    print_threads(figures, console)
     console.print(f"load average at the end {', '.join(f'{v:.2f}' for v in figures['load_average'])}",
                   highlight=False)
+
+
+def thread_shares(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each thread role's median share of one core over the runs' step windows (0 in a run without it)."""
+    roles = sorted({role for run in runs for role in run.get("threads", {})})
+    return {role: statistics.median(run.get("threads", {}).get(role, 0.0) for run in runs) for role in roles}
+
+
+def print_threads(figures: dict[str, Any], console: Console) -> None:
+    """The CPU each variant's threads used over the step window: what runs beside the step, and how much
+    ("-": the variant had no such thread)."""
+    shares = {variant: thread_shares(runs) for variant, runs in figures["runs"].items() if variant != "torch"}
+    roles = sorted({role for by_role in shares.values() for role in by_role},
+                   key=lambda role: (role not in ("training thread", NATIVE), role))
+    table = Table(title="CPU of each thread over the step window (share of one core, medians)")
+    table.add_column("thread")
+    for variant in shares:
+        table.add_column(variant, justify="right")
+    for role in roles:
+        table.add_row(role, *(f"{by_role[role]:.2%}" if role in by_role else "-" for by_role in shares.values()))
+    table.add_row("all beside the step", *(
+        f"{sum(v for role, v in by_role.items() if role not in ('training thread', NATIVE)):.2%}"
+        for by_role in shares.values()))
+    console.print(table)
 
 
 def bench_lm_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -249,6 +290,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of all variants, interleaved (at least)")
     parser.add_argument("--max-rounds", dest="max_rounds", type=int, default=9,
                         help=f"add rounds until the step ratio's 95%% CI is narrower than {STEP_MARGIN}, or this many")
+    parser.add_argument("--variants", type=lambda text: [p for p in text.split(",") if p], default=None,
+                        help=f"only these variants, comma-separated, lightning and recipe among them "
+                             f"({','.join(VARIANTS)}; default all): two make a round take two thirds the time")
     parser.add_argument("--ablate", action="store_true", help="instead: the recipe with each piece turned off")
     parser.add_argument("--pieces", type=lambda text: [p for p in text.split(",") if p], default=None,
                         help=f"with --ablate: only these, comma-separated ({', '.join(LM_PIECES)})")
@@ -257,6 +301,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.variants is not None and (any(v not in VARIANTS for v in args.variants)
+                                      or not {"lightning", "recipe"} <= set(args.variants)):
+        raise UsageError(f"--variants {','.join(args.variants)}: each one of {', '.join(VARIANTS)}, "
+                         "lightning and recipe among them")
     unknown = [p for p in args.pieces or [] if p not in LM_PIECES]
     if unknown:
         raise UsageError(f"--pieces {','.join(unknown)}: not one of {', '.join(LM_PIECES)}")

@@ -69,7 +69,7 @@ def _piece_classes() -> dict[str, tuple[type, ...]]:
 
 
 def run_full_recipe(recipe: Sequence[str], root: Path, index: int, without: frozenset[str] = frozenset(),
-                    watch: Stopwatch | None = None) -> tuple[list[float], float]:
+                    watch: Stopwatch | None = None, also: Sequence[Callback] = ()) -> tuple[list[float], float]:
     """The full recipe (less the pieces named in ``without``, see :data:`PIECES`): (step ends, fit seconds).
 
     Args:
@@ -79,6 +79,7 @@ def run_full_recipe(recipe: Sequence[str], root: Path, index: int, without: froz
         index: the round, in the run's name and log file's.
         without: the default pieces to turn off.
         watch: the stopwatch to append (default a new :class:`Stopwatch`).
+        also: more callbacks to append after it (measuring ones: they are not part of the recipe).
 
     Raises:
         RuntimeError: if the recipe's fit exits non-zero.
@@ -121,6 +122,7 @@ def run_full_recipe(recipe: Sequence[str], root: Path, index: int, without: froz
         if isinstance(callback, StepTiming) and "timing_plot" in without:
             callback.plot = False
     cli.trainer.callbacks.append(watch)
+    cli.trainer.callbacks.extend(also)
     patch = mock.patch.object(AtscaleCLI, "_start_system_metrics", staticmethod(lambda run_id, resume: None)) \
         if "system_metrics" in without else contextlib.nullcontext()
     with open(root / f"{tag}-{index}.log", "w") as log_file, contextlib.redirect_stdout(log_file), patch:

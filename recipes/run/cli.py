@@ -104,10 +104,12 @@ log = logging.getLogger(__name__)
 ASYNC_LOGGING_THREADS_ENV = "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"
 #: MLflow's async queue, by default, waits for its next batch with a 1 s timeout and looks at its stop event only
 #: after it: every run's end (set_terminated, a flush) then waited ~1 s. Buffered, it sleeps on the stop event
-#: itself (woken at once when the run ends) and writes what gathered each interval as one batch. MLflow parses
-#: the value as an int: "0.5" would stop its logging thread with a ValueError.
+#: itself (woken at once when the run ends) and writes what gathered each interval as one batch. A batch's
+#: write costs mostly per call, not per metric, and it holds the GIL the training step needs: gathering several
+#: logging windows into one write is most of what metrics cost the step. A live run's charts lag by as much.
+#: MLflow parses the value as an int: "0.5" would stop its logging thread with a ValueError.
 ASYNC_LOGGING_BUFFER_ENV = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
-ASYNC_LOGGING_BUFFER_S = "1"
+ASYNC_LOGGING_BUFFER_S = "5"
 _MAX_PARAM_LENGTH = 6000
 
 

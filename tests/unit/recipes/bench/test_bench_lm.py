@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 
 import pytest
@@ -19,10 +21,24 @@ def test_median_step_leaves_out_the_warm_up_steps() -> None:
     assert math.isnan(bench_lm._median_step_s(ends[:bench_lm.WARMUP_STEPS + 1]))
 
 
+@pytest.mark.parametrize("variants", [["torch", "lightning", "recipe"], ["lightning", "recipe"]])
+def test_every_variant_runs_in_every_place_equally_often(variants: list[str]) -> None:
+    # a fixed order (torch, lightning, recipe, then reversed) kept plain Lightning always in the middle: the
+    # machine's drift within a round then fell on the recipe's runs alone
+    rounds = [bench_lm.round_order(variants, index) for index in range(2 * math.factorial(len(variants)))]
+    assert all(sorted(order) == sorted(variants) for order in rounds)
+    for place in range(len(variants)):
+        assert collections.Counter(order[place] for order in rounds) == {v: len(rounds) // len(variants)
+                                                                         for v in variants}
+    assert all(a != b for a, b in itertools.pairwise(rounds))  # the order changes every round
+
+
 @pytest.mark.parametrize(("args", "named"), [
     (["--steps", "6"], "--steps 6"),
     (["--rounds", "0"], "--rounds 0"),
     (["--ablate", "--pieces", "spot,nope"], "--pieces nope"),
+    (["--variants", "torch,recipe"], "--variants torch,recipe"),
+    (["--variants", "lightning,recipe,fast"], "--variants lightning,recipe,fast"),
 ])
 def test_bad_settings_are_one_line_and_exit_2(args: list[str], named: str, capsys: pytest.CaptureFixture) -> None:
     assert bench.main(["lm", *args]) == 2
