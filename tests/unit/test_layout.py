@@ -11,7 +11,6 @@ PACKAGES = ("recipes", "callbacks", "datamodules")
 #: Files allowed past the line budget: each is one concept whose parts would only import each other.
 ONE_CONCEPT = {
     "recipes/soak/soak.py": "one chain of faults driven and checked step by step (a state machine)",
-    "recipes/scale.py": "the scaling sweep: launches, their measurements and the fits of both laws",
     "callbacks/timing.py": "StepTiming, a single callback (copied alone into other projects)",
 }
 MAX_LINES = 600
