@@ -17,7 +17,7 @@ residual (values and indices, one ``all_gather``) and keeps the rest as a per-ra
 feedback). The residuals of every rank go into the checkpoint, so a resumed run continues bitwise as if
 uninterrupted; a resume on a different world size starts them at zero (with a warning).
 
-Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``utils/{comm_hooks,topk}.py``.
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``utils/{comm_hooks,compat,topk}.py``.
 
 Example::
 
@@ -38,7 +38,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from .utils.comm_hooks import add_comm_hook_wrapper
+from .utils.comm_hooks import add_comm_hook_wrapper, composed_hook
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -72,7 +72,8 @@ def register_compression(ddp: torch.nn.parallel.DistributedDataParallel, method:
         from .utils.topk import TopKState, make_meter, topk_hook
 
         topk_state = TopKState(ddp.module.parameters(), topk_ratio, group)
-        add_comm_hook_wrapper(ddp, _passthrough, base=(topk_hook, topk_state), meter=make_meter(topk_state))
+        add_comm_hook_wrapper(ddp, _passthrough, base=(topk_hook, topk_state),
+                              meter=make_meter(topk_state)).compression = method
         return topk_state
     if method in ("fp16", "bf16"):
         hook = default_hooks.fp16_compress_hook if method == "fp16" else default_hooks.bf16_compress_hook
@@ -81,7 +82,7 @@ def register_compression(ddp: torch.nn.parallel.DistributedDataParallel, method:
             sent = bucket.buffer().numel() * 2
             return lambda: sent
 
-        add_comm_hook_wrapper(ddp, _passthrough, base=(hook, group), meter=half_meter)
+        add_comm_hook_wrapper(ddp, _passthrough, base=(hook, group), meter=half_meter).compression = method
         return None
     if method != "powersgd":
         raise ValueError(f"compression method {method!r} is not one of {', '.join(METHODS)}.")
@@ -104,7 +105,8 @@ def register_compression(ddp: torch.nn.parallel.DistributedDataParallel, method:
             future.wait()
         return future
 
-    add_comm_hook_wrapper(ddp, finish_each_bucket, base=(powerSGD_hook.powerSGD_hook, state), meter=powersgd_meter)
+    add_comm_hook_wrapper(ddp, finish_each_bucket, base=(powerSGD_hook.powerSGD_hook, state),
+                          meter=powersgd_meter).compression = method
     return None
 
 
@@ -150,12 +152,12 @@ class GradientCompression(Callback):
             log.warning("GradientCompression(%s): the model is not DDP-wrapped; gradients are not compressed.",
                         self.method)
             return
-        if getattr(model, "_atscale_compression", None):
-            self.active = model._atscale_compression == self.method  # type: ignore[attr-defined]
+        composed = composed_hook(model)
+        if composed is not None and composed.compression:
+            self.active = composed.compression == self.method
             return  # a second fit on the same module: the hook is already registered
         self.topk_state = register_compression(model, self.method, self.powersgd_rank, self.powersgd_start_iter,
                                                self.topk_ratio)
-        model._atscale_compression = self.method  # type: ignore[attr-defined]
         self.active = True
         if self.topk_state is not None and self._pending_residuals is not None:
             rows, self._pending_residuals = self._pending_residuals, None

@@ -35,7 +35,7 @@ key                           meaning
 ============================  =======================================================================
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``analysis/noise_scale.py``,
-``utils/comm_hooks.py``.
+``utils/{comm_hooks,compat}.py``.
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
 from .analysis.noise_scale import NoiseScaleEMA, suggest_batch_note
-from .utils.comm_hooks import HOOK_CHAIN_ATTR, NoiseScaleCommHook, add_comm_hook_wrapper
+from .utils.comm_hooks import NoiseScaleCommHook, add_comm_hook_wrapper
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
 
-__all__ = ["HOOK_CHAIN_ATTR", "GradientNoiseScale", "NoiseScaleCommHook", "add_comm_hook_wrapper"]
+__all__ = ["GradientNoiseScale", "NoiseScaleCommHook", "add_comm_hook_wrapper"]
 
 log = logging.getLogger(__name__)
 

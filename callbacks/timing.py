@@ -72,7 +72,7 @@ directory's parent, else ``trainer.default_root_dir``) and to the MLflow run, an
 :meth:`StepTiming.summary_rows` gives rows for the CLI's end table.
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{step_time,scaling,comm_model}.py``, ``utils/{comm_timer,comm_hooks,profiler,timing_report}.py``
+``analysis/{step_time,scaling,comm_model}.py``, ``utils/{comm_timer,comm_hooks,compat,profiler,timing_report}.py``
 (and ``compression.py`` for the deprecated ``comm_hook`` argument).
 """
 
@@ -81,6 +81,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -101,6 +102,7 @@ from .analysis.step_time import (
     union_length,
 )
 from .utils.comm_timer import CALIBRATION_SIZES, CommTimer
+from .utils.compat import time_every_save
 from .utils.timing_report import LABELS, plot_breakdown
 
 if TYPE_CHECKING:
@@ -255,8 +257,7 @@ class StepTiming(Callback):
         self._in_validation = False
         self._val_start: Any = None
         self._val_nested_s = 0.0
-        self._trainer: Trainer | None = None
-        self._original_save: Any = None
+        self._undo_save_timing: Callable[[], None] | None = None
 
     @property
     def world_size(self) -> int:
@@ -291,26 +292,23 @@ class StepTiming(Callback):
     @override
     def teardown(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.comm.stop_profiler()
-        if self._trainer is not None and self._original_save is not None:
-            if "save_checkpoint" in vars(self._trainer):
-                del self._trainer.save_checkpoint  # back to the class's method
-            self._trainer, self._original_save = None, None
+        if self._undo_save_timing is not None:
+            self._undo_save_timing()
+            self._undo_save_timing = None
 
     def _wrap_save(self, trainer: Trainer) -> None:
         """Time every ``trainer.save_checkpoint`` (ModelCheckpoint's, SpotCheckpoint's, a user's)."""
-        if self._original_save is not None:
+        if self._undo_save_timing is not None:
             return
-        original = trainer.save_checkpoint
 
-        def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        def timed(save: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             start = self._clock.mark()
             try:
-                return original(*args, **kwargs)
+                return save(*args, **kwargs)
             finally:
                 self._on_checkpoint(trainer, start, self._clock.mark())
 
-        self._trainer, self._original_save = trainer, original
-        trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+        self._undo_save_timing = time_every_save(trainer, timed)
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
@@ -337,7 +335,6 @@ class StepTiming(Callback):
                     "(method=%r) (configs/strategy/ddp-*-compress.yaml, ddp-powersgd.yaml).", self.comm_hook,
                     self.comm_hook)
         register_compression(model, self.comm_hook, self.powersgd_rank, self.powersgd_start_iter)
-        model._atscale_compression = self.comm_hook  # type: ignore[attr-defined]
 
     # --------------------------------------------------------------- the step
     @override

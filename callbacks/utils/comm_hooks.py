@@ -2,14 +2,18 @@
 
 DDP allows a single communication hook per module, yet several callbacks want one: StepTiming times
 (and may compress) each bucket's all-reduce, GradientNoiseScale reads the gradient norms before and
-after it. :func:`add_comm_hook_wrapper` registers one hook that runs a list of wrappers (kept on the
-DDP module) around a base hook that does the communication; each caller appends its wrapper, and at
-most one chooses the base (compression). torch is imported when used; no Lightning.
+after it. :func:`add_comm_hook_wrapper` registers one hook that runs a list of wrappers around a base
+hook that does the communication; each caller appends its wrapper, and at most one chooses the base
+(compression). What was composed on a module (:class:`ComposedHook`, :func:`composed_hook`) is kept
+beside it, in a registry that forgets the module with it, not in attributes set on torch's object.
+torch is imported when used; no Lightning.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -17,16 +21,8 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-__all__ = ["HOOK_BASE_ATTR", "HOOK_CHAIN_ATTR", "HOOK_METER_ATTR", "CommHookWrapper", "NoiseScaleCommHook", "WireMeter",
-           "add_comm_hook_wrapper", "wire_bytes"]
-
-#: Attribute of a DDP module holding the comm hook wrappers composed by :func:`add_comm_hook_wrapper`.
-HOOK_CHAIN_ATTR = "_atscale_comm_hook_chain"
-#: Attribute of a DDP module holding the ``(hook, state)`` that communicates under the wrappers.
-HOOK_BASE_ATTR = "_atscale_comm_hook_base"
-HOOK_BASE_CHOSEN_ATTR = "_atscale_comm_hook_base_chosen"
-#: Attribute of a DDP module holding the :data:`WireMeter` of the chosen base (compression), if any.
-HOOK_METER_ATTR = "_atscale_comm_hook_meter"
+__all__ = ["CommHookWrapper", "ComposedHook", "NoiseScaleCommHook", "WireMeter", "add_comm_hook_wrapper",
+           "composed_hook", "wire_bytes"]
 
 #: ``meter(bucket) -> bytes_sent()``: called before a bucket's communication is issued; the returned
 #: function, called after it was issued, gives the bytes the base hook put on the wire for that bucket
@@ -39,8 +35,37 @@ CommHookWrapper = Callable[["dist.GradBucket", Callable[["dist.GradBucket"], "to
                            "torch.futures.Future"]
 
 
-def _chained_hook(ddp_module: torch.nn.parallel.DistributedDataParallel,
-                  chain: list[CommHookWrapper]) -> Callable[..., torch.futures.Future]:
+@dataclass
+class ComposedHook:
+    """What :func:`add_comm_hook_wrapper` composed on one DDP module.
+
+    Attributes:
+        base: the ``(hook, state)`` that communicates under the wrappers.
+        chain: the wrappers, in the order added (the last runs outermost).
+        base_chosen: whether a caller chose ``base`` (else it is the mean all-reduce).
+        meter: the chosen base's :data:`WireMeter`, if it has one.
+        compression: the name of the compression the base does (``"fp16"``, ``"powersgd"``, ...), set by
+            whoever chose it, for reports; ``None`` for a plain all-reduce.
+        timed: whether a StepTiming already times this module's communication.
+    """
+
+    base: tuple[Callable[..., Any], Any]
+    chain: list[CommHookWrapper] = field(default_factory=list)
+    base_chosen: bool = False
+    meter: WireMeter | None = None
+    compression: str | None = None
+    timed: bool = False
+
+
+_COMPOSED: weakref.WeakKeyDictionary[Any, ComposedHook] = weakref.WeakKeyDictionary()
+
+
+def composed_hook(ddp_module: torch.nn.parallel.DistributedDataParallel) -> ComposedHook | None:
+    """What was composed on ``ddp_module`` through :func:`add_comm_hook_wrapper`; ``None`` if nothing."""
+    return _COMPOSED.get(ddp_module)
+
+
+def _chained_hook(composed: ComposedHook) -> Callable[..., torch.futures.Future]:
     """The one hook registered on the DDP module: the wrappers, the last added outermost, around the
     base hook (the mean all-reduce unless a caller chose another). A plain function without
     annotations: DDP inspects the hook's signature and name."""
@@ -49,9 +74,9 @@ def _chained_hook(ddp_module: torch.nn.parallel.DistributedDataParallel,
         return lambda b: wrapper(b, inner)
 
     def atscale_chained_comm_hook(state, bucket):
-        base, base_state = getattr(ddp_module, HOOK_BASE_ATTR)
+        base, base_state = composed.base
         call = partial(base, base_state)
-        for wrapper in chain:
+        for wrapper in composed.chain:
             call = bind(wrapper, call)
         return call(bucket)
 
@@ -60,9 +85,9 @@ def _chained_hook(ddp_module: torch.nn.parallel.DistributedDataParallel,
 
 def wire_bytes(ddp_module: torch.nn.parallel.DistributedDataParallel, bucket: dist.GradBucket) -> Callable[[], int]:
     """Call before a bucket's communication is issued; the result, called after, gives its bytes on the wire."""
-    meter = getattr(ddp_module, HOOK_METER_ATTR, None)
-    if meter is not None:
-        return meter(bucket)
+    composed = composed_hook(ddp_module)
+    if composed is not None and composed.meter is not None:
+        return composed.meter(bucket)
     buffer = bucket.buffer()
     raw = buffer.numel() * buffer.element_size()
     return lambda: raw
@@ -70,8 +95,8 @@ def wire_bytes(ddp_module: torch.nn.parallel.DistributedDataParallel, bucket: di
 
 def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel, wrapper: CommHookWrapper,
                           base: tuple[Callable[..., torch.futures.Future], Any] | None = None,
-                          meter: WireMeter | None = None) -> None:
-    """Compose ``wrapper`` into the DDP module's single communication hook.
+                          meter: WireMeter | None = None) -> ComposedHook:
+    """Compose ``wrapper`` into the DDP module's single communication hook; returns what is composed on it.
 
     The first caller registers a hook that runs every wrapper around a base hook that does the
     communication (torch's ``allreduce_hook``, a mean, unless ``base`` says otherwise); later callers
@@ -97,28 +122,26 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
 
         add_comm_hook_wrapper(trainer.strategy.model, timed, base=(fp16_compress_hook, None))
     """
-    chain = getattr(ddp_module, HOOK_CHAIN_ATTR, None)
-    if chain is None:
-        existing = [getattr(hook, "__qualname__", repr(hook)) for hook, _ in getattr(ddp_module, "_comm_hooks", [])]
+    composed = composed_hook(ddp_module)
+    if composed is None:
+        from .compat import ddp_comm_hook_names
+
+        existing = ddp_comm_hook_names(ddp_module)
         if existing:
             raise RuntimeError(f"the DDP module already has the comm hook {', '.join(existing)}, registered "
                                "without callbacks.utils.comm_hooks.add_comm_hook_wrapper; DDP allows only one.")
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        chain = []
-        setattr(ddp_module, HOOK_BASE_ATTR, (allreduce_hook, ddp_module.process_group))
-        setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, False)
-        ddp_module.register_comm_hook(state=None, hook=_chained_hook(ddp_module, chain))
-        setattr(ddp_module, HOOK_CHAIN_ATTR, chain)
+        composed = ComposedHook(base=(allreduce_hook, ddp_module.process_group))
+        ddp_module.register_comm_hook(state=None, hook=_chained_hook(composed))
+        _COMPOSED[ddp_module] = composed
     if base is not None:
-        current = getattr(ddp_module, HOOK_BASE_ATTR)
-        if getattr(ddp_module, HOOK_BASE_CHOSEN_ATTR) and current[0] is not base[0]:
-            raise RuntimeError(f"the DDP comm hook already communicates with {current[0].__name__}; "
+        if composed.base_chosen and composed.base[0] is not base[0]:
+            raise RuntimeError(f"the DDP comm hook already communicates with {composed.base[0].__name__}; "
                                f"{base[0].__name__} cannot be used as well.")
-        setattr(ddp_module, HOOK_BASE_ATTR, base)
-        setattr(ddp_module, HOOK_BASE_CHOSEN_ATTR, True)
-        setattr(ddp_module, HOOK_METER_ATTR, meter)
-    chain.append(wrapper)
+        composed.base, composed.base_chosen, composed.meter = base, True, meter
+    composed.chain.append(wrapper)
+    return composed
 
 
 class NoiseScaleCommHook:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..analysis.comm_model import LinkModel, calibrate, measure_allreduce
-from .comm_hooks import add_comm_hook_wrapper, wire_bytes
+from .comm_hooks import add_comm_hook_wrapper, composed_hook, wire_bytes
 from .profiler import quiet_cpu_profiler
 
 if TYPE_CHECKING:
@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 #: All-reduce sizes of the link calibration (bytes): up to 16 MiB, so the bandwidth term stands out of the
 #: latency and the noise even on loopback (a fit on small sizes alone can find no bandwidth term at all).
 CALIBRATION_SIZES = (4096, 65536, 1048576, 16777216)
-#: Attribute marking a DDP module whose communication a CommTimer already times.
-_TIMED_ATTR = "_atscale_timed_hook"
 
 
 class CommTimer:
@@ -90,12 +88,14 @@ class CommTimer:
 
     def summary_name(self) -> str:
         """How the gradients travel: ``all-reduce`` or the compression the DDP module uses."""
-        name = getattr(self._ddp, "_atscale_compression", None) if self._ddp is not None else None
+        composed = composed_hook(self._ddp) if self._ddp is not None else None
+        name = composed.compression if composed is not None else None
         return f"{name} compression" if name else "all-reduce"
 
     # ------------------------------------------------------------------ DDP
     def _register(self, ddp: torch.nn.parallel.DistributedDataParallel) -> bool:
-        if getattr(ddp, _TIMED_ATTR, False):
+        composed = composed_hook(ddp)
+        if composed is not None and composed.timed:
             log.warning("StepTiming: the DDP module's communication is already timed by another StepTiming.")
             return False
         mark, calls = self.mark, self.calls
@@ -115,11 +115,10 @@ class CommTimer:
             return fut.then(done)
 
         try:
-            add_comm_hook_wrapper(ddp, timed)
+            add_comm_hook_wrapper(ddp, timed).timed = True
         except RuntimeError as err:
             log.warning("StepTiming: could not register the communication hook (%s); communication is not timed.", err)
             return False
-        setattr(ddp, _TIMED_ATTR, True)
         self._ddp = ddp
         return True
 

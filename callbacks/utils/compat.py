@@ -15,12 +15,17 @@ Checked against lightning 2.6 and torch 2.14:
   writer thread and a failed save's error to itself; a bounded subclass queues work on the same thread.
 - :func:`torch_allowed_globals`: torch's weights-only allow-list, for a restricted unpickler of the
   metadata torch.distributed.checkpoint writes.
+- :func:`ddp_comm_hook_names`: the communication hooks a DDP module has registered (DDP allows one and
+  does not say whether it has one).
+- :func:`time_every_save`: Lightning has no hook after a checkpoint is written; every save goes through
+  ``trainer.save_checkpoint``, which is wrapped on the trainer instance.
 
 Copy with it: nothing; this file works alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -75,3 +80,28 @@ def torch_allowed_globals() -> dict[str, Any]:
     from torch import _weights_only_unpickler as weights_only
 
     return {**weights_only._get_allowed_globals(), **weights_only._get_user_allowed_globals()}
+
+
+def ddp_comm_hook_names(ddp_module: Any) -> list[str]:
+    """The names of the communication hooks registered on a DDP module (empty: none)."""
+    return [getattr(hook, "__qualname__", repr(hook)) for hook, _ in getattr(ddp_module, "_comm_hooks", [])]
+
+
+def time_every_save(trainer: Trainer, timed: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+                    ) -> Callable[[], None]:
+    """Route every ``trainer.save_checkpoint(...)`` through ``timed(original, args, kwargs)``; returns the undo.
+
+    ModelCheckpoint, SpotCheckpoint and a user's code all save through this method, and the save's whole
+    cost (gathering the state, the callbacks' ``on_save_checkpoint``, the write, the barrier) is inside it.
+    """
+    original = trainer.save_checkpoint
+
+    def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        return timed(original, args, kwargs)
+
+    trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
+
+    def undo() -> None:
+        if vars(trainer).get("save_checkpoint") is save_checkpoint:
+            del trainer.save_checkpoint  # back to the class's method
+    return undo

@@ -268,7 +268,7 @@ SCRIPTS = {
     "compression": """
         import torch.distributed as dist
         from myproj.cbs.compression import GradientCompression
-        from myproj.cbs.utils.comm_hooks import HOOK_CHAIN_ATTR
+        from myproj.cbs.utils.comm_hooks import composed_hook
 
         class Checked(Tiny):
             # fp16 compression all-reduces the gradient bucket in float16 and copies it back:
@@ -291,7 +291,8 @@ SCRIPTS = {
         assert cb.active, "GradientCompression did not register its hook"
         (ddp,) = wrapped
         assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel), type(ddp)
-        assert ddp._atscale_compression == "fp16" and getattr(ddp, HOOK_CHAIN_ATTR, None), vars(ddp).keys()
+        composed = composed_hook(ddp)
+        assert composed is not None and composed.compression == "fp16" and composed.chain, composed
         assert model.exact == [True] * 4, model.exact
         weights = [None, None]
         dist.all_gather_object(weights, model.net[1].weight.detach().tolist())

@@ -116,3 +116,51 @@ def test_torch_allowed_globals_holds_torchs_list_and_the_users(tmp_path: Path) -
     with torch.serialization.safe_globals([Allowed]):
         added = compat.torch_allowed_globals()
     assert added[f"{Allowed.__module__}.{Allowed.__qualname__}"] is Allowed
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+
+def test_ddp_comm_hook_names_lists_the_hook_a_ddp_module_registered(tmp_path: Path) -> None:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(_Linear())
+        assert compat.ddp_comm_hook_names(ddp) == []
+        ddp.register_comm_hook(state=None, hook=allreduce_hook)
+        assert compat.ddp_comm_hook_names(ddp) == ["allreduce_hook"], \
+            "compat.ddp_comm_hook_names: DDP's _comm_hooks changed"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_time_every_save_sees_each_checkpoint_callback_save_and_undoes(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    saved: list[str] = []
+
+    def timed(save: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = save(*args, **kwargs)
+        saved.append(Path(args[0]).name)  # after the save: the file is written
+        assert Path(args[0]).exists()
+        return result
+
+    data = DataLoader(TensorDataset(torch.randn(12, 2)), batch_size=4)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1, filename="{step}")
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, callbacks=[checkpoint],
+                      default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0)
+    undo = compat.time_every_save(trainer, timed)
+    trainer.fit(Tiny(), train_dataloaders=data)
+    assert saved == ["step=2.ckpt", "step=4.ckpt"], \
+        "compat.time_every_save: ModelCheckpoint no longer saves through trainer.save_checkpoint"
+    undo()
+    assert "save_checkpoint" not in vars(trainer)
+    trainer.save_checkpoint(tmp_path / "after.ckpt")
+    assert saved == ["step=2.ckpt", "step=4.ckpt"]  # undone: the class's method again
