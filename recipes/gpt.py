@@ -251,7 +251,8 @@ class GPT(pl.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.transformer(idx)
 
-    def _loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Mean next-byte cross-entropy (nats) of an ``(inputs, targets)`` batch: what training minimises."""
         x, y = batch
         logits = self(x)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
@@ -260,7 +261,7 @@ class GPT(pl.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x = batch[0]
         self.flops_per_batch = self.flops_per_token(x.size(1)) * x.size(0)
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
@@ -268,7 +269,7 @@ class GPT(pl.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x = batch[0]
         self.flops_per_batch = self.flops_per_token(x.size(1), training=False) * x.size(0)
-        loss = self._loss(batch)
+        loss = self.loss(batch)
         self.log("val/loss", loss, batch_size=x.size(0), sync_dist=True)
         self.log("val/bpb", bits_per_byte(loss), batch_size=x.size(0), sync_dist=True, prog_bar=True)
 

@@ -14,7 +14,7 @@ from recipes.bench import compression as bench_compression
 from recipes.bench import lm as bench_lm
 from recipes.bench import startup as bench_startup
 from recipes.bench.checkpoint import CHECKPOINT_MARGIN, bench_checkpoint, print_checkpoint
-from recipes.bench.contention import bench_contention, contention_worker, print_contention
+from recipes.bench.contention import bench_contention, print_contention
 from recipes.bench.fit import FIT_MARGIN, GOAL_FIT_RATIO, bench_fit, bench_fit_ablation, print_fit, print_fit_ablation
 from recipes.bench.output import emit
 from recipes.bench.overhead import (
@@ -123,12 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="instead: the recipe's trainer.fit with each default piece turned off in turn")
     fit.add_argument("--pieces", type=lambda text: [p for p in text.split(",") if p], default=None,
                      help=f"with --ablate: only these pieces, comma-separated ({', '.join(PIECES)})")
-    worker = sub.add_parser("_contention_worker")  # one setting in a fresh process (internal)
-    worker.add_argument("--steps", type=int, default=60)
-    worker.add_argument("--warmup", type=int, default=10)
-    worker.add_argument("--worker-threads", dest="worker_threads", type=int, default=None)
-    worker.add_argument("--worker-adaptive", dest="worker_adaptive", action="store_true")
-    worker.add_argument("--worker-devices", dest="worker_devices", type=int, default=1)
     for p in (over, ckpt, fit):
         p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
         p.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)")
@@ -147,14 +141,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_lm.run(args)
         if args.command == "startup":
             return bench_startup.run(args)
-        if args.command == "_contention_worker":
-            quiet_lightning_info()
-            warnings.filterwarnings("ignore")
-            mean_ms = contention_worker(args.steps, args.warmup, args.worker_threads, args.worker_adaptive,
-                                        args.worker_devices)
-            if mean_ms is not None:
-                print(mean_ms)
-            return 0
         if args.command == "gpu":
             from recipes.bench import gpu as bench_gpu
 

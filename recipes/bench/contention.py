@@ -1,4 +1,8 @@
 """``python -m recipes.bench contention``: the digits step quiet and beside a busy process, per CPU thread setting.
+
+Each setting runs in a fresh process (OpenMP reads its environment once, when torch starts):
+``python -m recipes.bench.contention --steps N --warmup W [--threads T] [--adaptive] [--devices D]`` prints
+that process's mean ms per step. The benchmark starts it; it is not a command of its own.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ CONTENTION_SETTINGS: tuple[tuple[str, list[str], dict[str, str]], ...] = (
     ("auto (torch's count, held; threads spin: the default)", [], {}),
     ("passive", [], {"OMP_WAIT_POLICY": "PASSIVE"}),
     ("spin10k (GOMP_SPINCOUNT=10000)", [], {"GOMP_SPINCOUNT": "10000"}),
-    ("1 thread", ["--worker-threads", "1"], {}),
-    ("adaptive (AdaptiveCpuThreads: not bitwise resumable)", ["--worker-adaptive"], {}),
-    ("DDP-2 (Lightning: 1 thread each)", ["--worker-devices", "2"], {}))
+    ("1 thread", ["--threads", "1"], {}),
+    ("adaptive (AdaptiveCpuThreads: not bitwise resumable)", ["--adaptive"], {}),
+    ("DDP-2 (Lightning: 1 thread each)", ["--devices", "2"], {}))
 #: The setting the quiet-speed goal compares with: the default, torch's spinning threads.
 CONTENTION_REFERENCE = CONTENTION_SETTINGS[0][0]
 #: OpenMP variables the benchmark sets per setting (and so clears from the inherited environment).
@@ -69,7 +73,7 @@ def _run_worker(args: argparse.Namespace, worker_args: list[str], openmp: dict[s
 
     env = {k: v for k, v in os.environ.items() if k not in _OPENMP_ENV}
     env.update(openmp)  # read by OpenMP when torch starts: a fresh process per setting
-    command = [sys.executable, "-m", "recipes.bench", "_contention_worker", "--steps", str(args.steps),
+    command = [sys.executable, "-m", "recipes.bench.contention", "--steps", str(args.steps),
                "--warmup", str(args.warmup), *worker_args]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=600)
     return float(out.stdout.strip().splitlines()[-1])
@@ -117,3 +121,32 @@ def print_contention(figures: dict[str, Any], console: Console) -> None:
     console.print(table)
     console.print("Goal: busy <= 2x quiet, and quiet within 10% of torch's default (spinning threads).",
                   highlight=False)
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """One setting's run in this process (the benchmark's worker): its mean ms per step on stdout."""
+    import warnings
+
+    from recipes.run.common import ArgumentParser, parse_or_exit
+    from recipes.run.process import quiet_lightning_info
+
+    parser = ArgumentParser(prog="python -m recipes.bench.contention",
+                            description="One thread setting of `python -m recipes.bench contention`.")
+    parser.add_argument("--steps", type=int, default=60, help="training steps")
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the mean")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's count)")
+    parser.add_argument("--adaptive", action="store_true", help="with AdaptiveCpuThreads")
+    parser.add_argument("--devices", type=int, default=1, help="processes (DDP when more than one)")
+    args = parse_or_exit(parser, argv)
+    quiet_lightning_info()
+    warnings.filterwarnings("ignore")
+    mean_ms = contention_worker(args.steps, args.warmup, args.threads, args.adaptive, args.devices)
+    if mean_ms is not None:
+        print(mean_ms)
+    return 0
+
+
+if __name__ == "__main__":
+    from recipes.run.shutdown import run_and_exit
+
+    run_and_exit(worker_main)

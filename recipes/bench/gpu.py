@@ -205,7 +205,7 @@ def checkpoint_state(cfg: dict[str, Any], device: torch.device) -> dict[str, Any
     optimizer = torch.optim.AdamW(model.parameters(), **cfg["optimizer"])
     x = torch.randint(0, 256, (2, cfg["model"]["block_size"]), device=device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        loss = model._loss((x, x))
+        loss = model.loss((x, x))
     loss.backward()
     optimizer.step()
     return {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()],
@@ -223,8 +223,7 @@ def bench_checkpoint_stall(state: dict[str, Any], root: Path, saves: int) -> dic
     blocked = []
     try:
         for index in range(saves):
-            if io._drained is not None:
-                io._drained.result()  # the previous write is done: time the stall, not the bound's wait
+            io.drain()  # the previous write is done: time the stall, not the bound's wait
             if cuda:
                 torch.cuda.synchronize()
             started = time.perf_counter()

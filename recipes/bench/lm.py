@@ -119,7 +119,7 @@ def plain_torch(steps: int, root: Path) -> dict[str, float]:
     started = time.perf_counter()
     model.train()
     for step, batch in enumerate(data.train_dataloader(), start=1):
-        loss = model._loss(batch)
+        loss = model.loss(batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), trainer_cfg["gradient_clip_val"])
         optimizer.step()
@@ -130,7 +130,7 @@ def plain_torch(steps: int, root: Path) -> dict[str, float]:
             model.eval()
             with torch.no_grad():
                 for val_batch in data.val_dataloader():
-                    model._loss(val_batch)
+                    model.loss(val_batch)
             model.train()
         if step >= steps:
             break
