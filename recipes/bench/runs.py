@@ -84,8 +84,6 @@ def run_full_recipe(recipe: Sequence[str], root: Path, index: int, without: froz
     Raises:
         RuntimeError: if the recipe's fit exits non-zero.
     """
-    from unittest import mock
-
     from recipes.run.cli import AtscaleCLI
     from recipes.run.common import ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID, ENV_RUN_NAME
 
@@ -98,6 +96,8 @@ def run_full_recipe(recipe: Sequence[str], root: Path, index: int, without: froz
         extra += ["--trainer.enable_progress_bar", "false"]
     if "log_model" in without:
         extra += ["--log_model", "false"]
+    if "system_metrics" in without:
+        extra += ["--system_metrics", "false"]
     tag = "-".join(sorted(without)) or "full"
     cli = AtscaleCLI(args=[
         *recipe, "--run_name", f"{tag}-{time.strftime('%H%M%S')}-{index}",
@@ -123,9 +123,7 @@ def run_full_recipe(recipe: Sequence[str], root: Path, index: int, without: froz
             callback.plot = False
     cli.trainer.callbacks.append(watch)
     cli.trainer.callbacks.extend(also)
-    patch = mock.patch.object(AtscaleCLI, "_start_system_metrics", staticmethod(lambda run_id, resume: None)) \
-        if "system_metrics" in without else contextlib.nullcontext()
-    with open(root / f"{tag}-{index}.log", "w") as log_file, contextlib.redirect_stdout(log_file), patch:
+    with open(root / f"{tag}-{index}.log", "w") as log_file, contextlib.redirect_stdout(log_file):
         started = time.perf_counter()
         code = cli.fit()  # its progress bar and end table go to a file, as in a batch job
         fit_s = time.perf_counter() - started

@@ -208,6 +208,9 @@ class AtscaleCLI(LightningCLI):
                                  "'adaptive' (fewer threads while other work holds cores: faster on a busy "
                                  "machine, but resumes and reproductions are no longer bitwise), or 'torch' "
                                  "(torch's own defaults, held like auto).")
+        parser.add_argument("--system_metrics", type=bool, default=True,
+                            help="Sample CPU, memory, disk and network into the MLflow run every 10 s (MLflow's "
+                                 "system metrics: a thread beside the training step).")
         parser.add_argument("--log_model", type=bool, default=True,
                             help="Log the trained model to MLflow at the end (skip for sweeps and drills).")
         parser.add_lightning_class_args(PublishedModelCheckpoint, "checkpoint")
@@ -423,7 +426,8 @@ class AtscaleCLI(LightningCLI):
                 if ctx.mlflow_run_id:
                     client.update_run(run_id, status="RUNNING")
                 os.environ[ENV_MLFLOW_RUN_ID] = run_id
-                monitor = self._start_system_metrics(run_id, resume=bool(ctx.mlflow_run_id))
+                if self.config.system_metrics:
+                    monitor = self._start_system_metrics(run_id, resume=bool(ctx.mlflow_run_id))
             start = time.monotonic()
             with frozen_setup_objects(), cheap_gpu_checks():
                 # checkpoints may come from a shared bucket: never unpickle code from them

@@ -50,7 +50,7 @@ _MAX_PARAM_LENGTH = 6000
 #: ``config_changed.*`` tags). Any other change would be ignored by the restored training state.
 RESUMABLE_CHANGES = (
     "config", "experiment", "run_name", "runs_root", "staging_root", "ckpt_path", "fresh", "async_checkpoint",
-    "cpu_threads", "elastic",
+    "cpu_threads", "elastic", "system_metrics",
     "log_model", "spot", "cost", "checkpoint.dirpath", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps", "trainer.devices",
     "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",

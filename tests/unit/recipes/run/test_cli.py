@@ -217,3 +217,21 @@ def test_a_stop_just_after_the_mlflow_run_exists_marks_it_killed(fit_in_process,
                             "--run_name", "k")
     assert result.returncode == 75, result.stderr[-3000:]
     assert [(r.info.run_name, r.info.status) for r in runs_of(tmp_path, "digits")] == [("k", "KILLED")]
+
+
+@pytest.mark.parametrize(("flag", "started"), [((), True), (("--system_metrics", "false"), False)])
+def test_the_system_metrics_sampler_has_a_switch(fit_in_process, tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                 flag: tuple[str, ...], started: bool) -> None:
+    """MLflow's sampler is a thread beside the step: on by default, off with one flag, and the run is the same."""
+    from recipes.run.cli import AtscaleCLI
+    from tests.conftest import CONFIGS, FAST, runs_of
+
+    calls: list[bool] = []
+    monkeypatch.setattr(AtscaleCLI, "_start_system_metrics",
+                        staticmethod(lambda run_id, resume: calls.append(resume)))
+    result = fit_in_process("--config", str(CONFIGS / "digits.yaml"), *FAST, "--log_model", "false",
+                            "--run_name", "s", *flag)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert calls == ([False] if started else [])
+    (run,) = runs_of(tmp_path, "digits")
+    assert run.info.status == "FINISHED" and run.data.params["system_metrics"] == str(started)
