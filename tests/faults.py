@@ -85,3 +85,28 @@ class RecordThreads(Callback):
 
         self.path.write_text(json.dumps({"threads": torch.get_num_threads(),
                                          **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}}))
+
+
+class SignalMidStoreRead(Callback):
+    """At setup, send this process ``signal`` while a read of the tracking store is between two rows.
+
+    A Ctrl-C lands wherever the main thread is; at start-up that is often inside one of MLflow's reads of a
+    SQLite store. The interrupted read's open cursor holds the file's read lock for as long as something keeps
+    its frame alive, and the exception in flight does, through its traceback: the run's "ended" write, made
+    while that exception is handled, once waited 20 s on the lock and failed (exit 1, "database is locked").
+
+    Args:
+        signal_name: ``"SIGINT"`` or ``"SIGTERM"``.
+    """
+
+    def __init__(self, signal_name: str = "SIGINT") -> None:
+        self.signum = signal.Signals[signal_name]
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(mlflow.get_tracking_uri())
+        rows = engine.connect().exec_driver_sql("SELECT key FROM tags")  # the run's tags: several rows
+        assert rows.fetchone() is not None  # the read is under way: the file's read lock is held
+        os.kill(os.getpid(), self.signum)  # the handler raises here, in this frame
+        rows.fetchall()

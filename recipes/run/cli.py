@@ -35,7 +35,6 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import MLFlowLogger
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from rich.console import Console
 from rich.table import Table
 
@@ -80,7 +79,9 @@ from recipes.run.context import (
 from recipes.run.errors import disk_error, lost_peer, parse_error_message
 from recipes.run.lock import RunLock, RunLocked
 from recipes.run.process import (
+    STOP_EXCEPTIONS,
     Interrupted,
+    ReleaseInterruptedFrames,
     WrapUpSignals,
     apply_cpu_threads,
     cheap_gpu_checks,
@@ -90,6 +91,7 @@ from recipes.run.process import (
     install_stop_signals,
     quiet_known_noise,
     rank_exit_code,
+    release_interrupted_frames,
     reset_stop_signals,
     stopping,
     wrap_up_done,
@@ -360,7 +362,7 @@ class AtscaleCLI(LightningCLI):
         if ctx.run_url is not None:
             extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
         extra.append(RelocateCheckpointState())
-        extra.append(WrapUpSignals())
+        extra += [WrapUpSignals(), ReleaseInterruptedFrames()]
         if self.config.log_model:
             extra.append(LogModel(defer=True))  # logged by fit() once trainer.fit has returned
         user_callbacks = list(config.get("callbacks") or []) + callbacks
@@ -436,7 +438,8 @@ class AtscaleCLI(LightningCLI):
         except BaseException as err:
             if logger is not None and run_id is not None:
                 # never leave the run RUNNING: a stopped attempt is KILLED (the relaunch continues it)
-                stopped = isinstance(err, (Interrupted, KeyboardInterrupt, SIGTERMException)) or (
+                release_interrupted_frames(err)  # a stop raised outside trainer.fit: before the store write
+                stopped = isinstance(err, STOP_EXCEPTIONS) or (
                     isinstance(err, Exception) and lost_peer(err) is not None)
                 try:
                     logger.experiment.set_terminated(run_id, "KILLED" if stopped else "FAILED")
@@ -571,7 +574,7 @@ def _run_cli(args: list[str] | None, **kwargs: Any) -> int:
             message = parse_error_message(message)
         print(f"error: {redact(message)}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    except (Interrupted, KeyboardInterrupt, SIGTERMException) as err:
+    except STOP_EXCEPTIONS as err:
         signum = err.signum if isinstance(err, Interrupted) else (
             signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
         print(f"interrupted ({signal.Signals(signum).name}): the run stopped; relaunch the same command to resume it.",

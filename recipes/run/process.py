@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from callbacks.cpu_threads import AdaptiveCpuThreads, FixedCpuThreads
 from callbacks.spot import REQUEUE_EXIT_CODE
@@ -183,6 +185,36 @@ class WrapUpSignals(Callback):
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         _wrapping_up.set()
+
+
+#: Exceptions a stop signal raises wherever the main thread happens to be (ours, Python's, Lightning's).
+STOP_EXCEPTIONS = (Interrupted, KeyboardInterrupt, SIGTERMException)
+
+
+def release_interrupted_frames(err: BaseException) -> None:
+    """Free the locals of the frames a stop signal's exception unwound, before anything writes the run's end.
+
+    A signal lands wherever the main thread is; at start-up that is often between two rows of one of
+    MLflow's reads of a SQLite store. The exception's traceback keeps the interrupted frames, and with them
+    the read's open cursor and the file's read lock, alive while the exception is handled: the write that
+    ends the run (Lightning's ``logger.finalize``, ours) then waited 20 s on that lock and failed ("database
+    is locked"). Only for stop exceptions: a failure's locals stay for a post-mortem. The traceback keeps
+    its lines.
+    """
+    seen: set[int] = set()
+    chained: BaseException | None = err
+    while isinstance(chained, STOP_EXCEPTIONS) and id(chained) not in seen:
+        seen.add(id(chained))
+        traceback.clear_frames(chained.__traceback__)  # skips the frames still running (the handler's own)
+        chained = chained.__context__
+    gc.collect()  # a cursor in a reference cycle goes now, not at the collector's next pass
+
+
+class ReleaseInterruptedFrames(Callback):
+    """Lightning's exception handling calls the callbacks before the loggers' ``finalize``: release there."""
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        release_interrupted_frames(exception)
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:

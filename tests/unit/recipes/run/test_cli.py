@@ -235,3 +235,42 @@ def test_the_system_metrics_sampler_has_a_switch(fit_in_process, tmp_path, monke
     assert calls == ([False] if started else [])
     (run,) = runs_of(tmp_path, "digits")
     assert run.info.status == "FINISHED" and run.data.params["system_metrics"] == str(started)
+
+
+@pytest.mark.parametrize(("signal_name", "code", "status"), [("SIGINT", 130, "KILLED"), ("SIGTERM", 75, "KILLED")])
+def test_a_stop_in_the_middle_of_a_store_read_still_ends_the_run(fit_in_process, tmp_path, signal_name: str,
+                                                                 code: int, status: str) -> None:
+    """A Ctrl-C at start-up landed inside a SQLite read (the CI failure of 2026-12-05): the run's "ended" write
+    waited on the read's lock, kept by the exception's traceback, and the launch exited 1 after 46 s."""
+    from tests.conftest import CONFIGS, FAST, runs_of
+
+    result = fit_in_process("--config", str(CONFIGS / "digits.yaml"), *FAST, "--log_model", "false",
+                            "--run_name", "r", "--trainer.callbacks+=tests.faults.SignalMidStoreRead",
+                            f"--trainer.callbacks.signal_name={signal_name}")
+    assert result.returncode == code, result.stderr[-3000:]
+    assert "database is locked" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"interrupted ({signal_name}): the run stopped; relaunch the same command to resume it.")
+    assert [(r.info.run_name, r.info.status) for r in runs_of(tmp_path, "digits")] == [("r", status)]
+
+
+def test_only_a_stops_frames_are_released() -> None:
+    """The stop's interrupted frames lose their locals (an open cursor, its lock); a failure's stay for a
+    post-mortem, and both tracebacks keep their lines."""
+    import signal
+    import traceback
+
+    from recipes.run.process import Interrupted, release_interrupted_frames
+
+    def raising(err: BaseException) -> None:
+        held = object()  # noqa: F841 - the local a post-mortem reads
+        raise err
+
+    for err, kept in ((Interrupted(signal.SIGINT), False), (KeyboardInterrupt(), False), (ValueError("x"), True)):
+        try:
+            raising(err)
+        except BaseException as caught:
+            release_interrupted_frames(caught)
+            inner = caught.__traceback__.tb_next
+            assert ("held" in inner.tb_frame.f_locals) is kept, err
+            assert traceback.extract_tb(caught.__traceback__)[-1].name == "raising"
