@@ -53,7 +53,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
 from callbacks.throughput import peak_flops
 from callbacks.timing import PARTS, StepTiming
-from recipes.bench.runs import Stopwatch, run_full_recipe, tensors_copy_floor
+from recipes.bench.runs import Stopwatch, own_store_uri, run_full_recipe, tensors_copy_floor
 from recipes.bench.stats import bootstrap_ratio_ci, verdict, window_throughput
 from recipes.run.common import UsageError
 from recipes.run.process import quiet_known_noise
@@ -263,7 +263,7 @@ def bench_gpu(args: argparse.Namespace, console: Any) -> dict[str, Any]:
     previous_uri = mlflow.get_tracking_uri()
     with tempfile.TemporaryDirectory() as tmp, mock.patch.dict(os.environ):
         root = Path(tmp)
-        os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        os.environ.setdefault("MLFLOW_TRACKING_URI", own_store_uri(root))
         for index in range(settings["rounds"]):
             if index and time.perf_counter() - started > settings["budget_s"]:
                 console.print(f"--budget-s {settings['budget_s']:.0f} spent: {index} round(s) run", highlight=False)

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader
 
 from callbacks.timing import StepTiming
 from recipes.bench.mlp import BenchData, BenchModule, mlp, random_set
-from recipes.bench.runs import PIECES, Stopwatch, run_full_recipe
+from recipes.bench.runs import PIECES, Stopwatch, own_store, run_full_recipe
 from recipes.bench.stats import (
     bootstrap_ratio_ci,
     bracketed_rounds,
@@ -157,9 +157,7 @@ def bench_overhead(args: argparse.Namespace, console: Console) -> dict[str, Any]
     fit_s: list[float] = []
     max_rounds = max(args.rounds, args.max_rounds)
     ci: dict[str, tuple[float, float, float]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.out or tmp)
-        root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
         for index in range(max_rounds):
             runs = {"a": lambda: (run_plain_torch(args), 0.0), "b": lambda: (run_plain_lightning(args, root), 0.0),
                     "b+timing": lambda: (run_plain_lightning(args, root, timing=True), 0.0),
@@ -204,9 +202,7 @@ def bench_overhead(args: argparse.Namespace, console: Console) -> dict[str, Any]
 def bench_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """The full recipe with each default piece turned off in turn, each between two full runs: what each costs."""
     samples = args.batch_size
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.out or tmp)
-        root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
 
         def run(variant: str, index: int) -> dict[str, float]:
             without = frozenset() if variant == "full" else frozenset({variant})

@@ -18,7 +18,7 @@ from recipes.bench.contention import print_contention
 from recipes.bench.overhead import VARIANTS, print_overhead
 from recipes.bench.startup import PHASES, print_startup
 from recipes.bench.stats import verdict_at_most
-from tests.conftest import run_module
+from tests.conftest import cli_env, run_module
 
 # No figure here is a speed goal, so these run beside other tests; the contention bench alone is `serial`: its
 # busy neighbour would hold both cores under the other pytest-xdist worker (.ci/run runs `serial` tests last, alone)
@@ -26,8 +26,8 @@ from tests.conftest import run_module
 TINY = ["--features", "8", "--hidden", "8", "--layers", "1", "--batch-size", "4"]
 
 
-def _bench(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    result = run_module("recipes.bench", *args, cwd=workdir, timeout=300)
+def _bench(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    result = run_module("recipes.bench", *args, cwd=workdir, env=env, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
 
@@ -82,8 +82,10 @@ def test_checkpoint_command_json_and_table(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(600)
 def test_overhead_command_json_and_table(tmp_path: Path) -> None:
+    env = cli_env(tmp_path)
+    del env["MLFLOW_TRACKING_URI"]  # as a user runs it: the benchmark makes its own store, in --out
     result = _bench(tmp_path, "overhead", "--steps", "4", "--warmup", "1", "--rounds", "2", "--max-rounds", "2",
-                    *TINY, "--json", "--out", str(tmp_path / "out"))
+                    *TINY, "--json", "--out", str(tmp_path / "out"), env=env)
     figures = json.loads(result.stdout)
     assert set(figures) == {"throughput", "median", "all", "rounds_run", "step_ms", "ratios", "median_ratios",
                             "ci95", "verdict", "full_recipe_fit_s", "timing_cost", "timing_cost_us", "params",
@@ -105,6 +107,10 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
                                    "variants": list(VARIANTS)}
     # the full recipe's runs really went through the CLI: their logs are kept in --out
     assert sorted(p.name for p in (tmp_path / "out").glob("full-*.log")) == ["full-0.log", "full-1.log"]
+    # and everything they stored stayed there: MLflow's default put their artifacts (the manifest, the time plot,
+    # the model: 20 MB a GPT round, 2.4 GB after one long benchmark) in ./mlruns of the working directory
+    assert not (tmp_path / "mlruns").exists()
+    assert len(list((tmp_path / "out" / "mlruns").glob("*/artifacts/manifest.json"))) == 2
 
     text = _table(print_overhead, figures)
     assert "Framework overhead — MLP with 0.00 M params, best of 2 interleaved rounds" in text
