@@ -125,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"with --ablate: only these pieces, comma-separated ({', '.join(PIECES)})")
     for p in (over, ckpt, fit):
         p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
-        p.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)")
+        p.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)" if p is ckpt
+                       else "keep every round's run files here (default: a temporary directory, where each round's "
+                            "checkpoints and artifacts are dropped once it is over)")
         p.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 

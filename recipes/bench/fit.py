@@ -59,12 +59,12 @@ def plain_digits_fit(epochs: int, root: Path) -> float:
         return time.perf_counter() - started
 
 
-def recipe_digits_fit(epochs: int, root: Path, index: int,
-                      without: frozenset[str] = frozenset()) -> dict[str, float]:
+def recipe_digits_fit(epochs: int, root: Path, index: int, without: frozenset[str] = frozenset(),
+                      keep_files: bool = True) -> dict[str, float]:
     """The default digits recipe (less ``without``): ``trainer.fit`` seconds and the CLI's whole fit flow's."""
     watch = Stopwatch()
     recipe = ["--config", str(DIGITS_CONFIG), "--experiment", "bench-fit", "--trainer.max_epochs", str(epochs)]
-    _, flow_s = run_full_recipe(recipe, root, index, without, watch=watch)
+    _, flow_s = run_full_recipe(recipe, root, index, without, watch=watch, keep_files=keep_files)
     assert watch.fit_s is not None
     return {"fit_s": watch.fit_s, "flow_s": flow_s}
 
@@ -81,7 +81,7 @@ def bench_fit(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 if key == "plain":
                     plain.append(plain_digits_fit(args.epochs, root))
                 else:
-                    recipe.append(recipe_digits_fit(args.epochs, root, index))
+                    recipe.append(recipe_digits_fit(args.epochs, root, index, keep_files=args.out is not None))
             console.print(f"round {index + 1}: trainer.fit recipe {recipe[-1]['fit_s']:.2f} s (its whole fit flow "
                           f"{recipe[-1]['flow_s']:.2f} s), plain Lightning {plain[-1]:.2f} s", highlight=False)
             if index + 1 >= max(2, args.rounds):
@@ -120,7 +120,7 @@ def bench_fit_ablation(args: argparse.Namespace, console: Console) -> dict[str, 
     with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
         def run(variant: str, index: int) -> dict[str, float]:
             without = frozenset() if variant == "full" else frozenset({variant})
-            seconds = recipe_digits_fit(args.epochs, root, index, without)["fit_s"]
+            seconds = recipe_digits_fit(args.epochs, root, index, without, keep_files=args.out is not None)["fit_s"]
             name = "full" if variant == "full" else f"without {variant}"
             console.print(f"round {index + 1}/{args.rounds} ({name}): trainer.fit {seconds:.2f} s", highlight=False)
             return {"fit_s": seconds}

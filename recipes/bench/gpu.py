@@ -194,7 +194,7 @@ def run_recipe(cfg: dict[str, Any], settings: dict[str, Any], root: Path, index:
                    "--data.init_args.batch_size", str(cfg["data"]["batch_size"])]
     watch = DeviceStopwatch({warmup, steps})
     quiet_known_noise()
-    ends, fit_s = run_full_recipe(recipe, root, index, watch=watch)
+    ends, fit_s = run_full_recipe(recipe, root, index, watch=watch, keep_files=False)  # a temporary root
     return {"ends": ends, "fit_s": fit_s}
 
 

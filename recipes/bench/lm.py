@@ -137,13 +137,14 @@ def plain_torch(steps: int, root: Path) -> dict[str, float]:
     return {"fit_s": time.perf_counter() - started, "step_s": _median_step_s(ends)}
 
 
-def full_recipe(steps: int, root: Path, index: int, without: frozenset[str] = frozenset()) -> dict[str, float]:
+def full_recipe(steps: int, root: Path, index: int, without: frozenset[str] = frozenset(),
+                keep_files: bool = True) -> dict[str, float]:
     """``python -m recipes.fit --config configs/gpt.yaml`` in this process (less ``without``)."""
     watch = Stopwatch()
     threads = ThreadCpuWindow(WARMUP_STEPS + 1, steps)
     recipe = ["--config", str(GPT_CONFIG), "--experiment", "bench-lm", "--trainer.max_steps", str(steps),
               "--trainer.val_check_interval", str(min(100, steps))]
-    ends, flow_s = run_full_recipe(recipe, root, index, without, watch=watch, also=[threads])
+    ends, flow_s = run_full_recipe(recipe, root, index, without, watch=watch, also=[threads], keep_files=keep_files)
     assert watch.fit_s is not None
     return {"fit_s": watch.fit_s, "step_s": _median_step_s(ends), "flow_s": flow_s, "threads": threads.shares}
 
@@ -168,7 +169,7 @@ def bench_lm(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 elif variant == "lightning":
                     runs[variant].append(plain_lightning(args.steps, root))
                 else:
-                    runs[variant].append(full_recipe(args.steps, root, index))
+                    runs[variant].append(full_recipe(args.steps, root, index, keep_files=args.out is not None))
             last = {v: runs[v][-1] for v in variants}
             console.print(f"round {index + 1}: ms/step "
                           + ", ".join(f"{v} {last[v]['step_s'] * 1e3:.1f}" for v in variants)
@@ -246,7 +247,7 @@ def bench_lm_ablation(args: argparse.Namespace, console: Console) -> dict[str, A
     with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
         def run(variant: str, index: int) -> dict[str, float]:
             without = frozenset() if variant == "full" else frozenset({variant})
-            figures = full_recipe(args.steps, root, index, without)
+            figures = full_recipe(args.steps, root, index, without, keep_files=args.out is not None)
             name = "full" if variant == "full" else f"without {variant}"
             console.print(f"round {index + 1}/{args.rounds} ({name}): {figures['step_s'] * 1e3:.1f} ms/step, "
                           f"trainer.fit {figures['fit_s']:.1f} s", highlight=False)
@@ -296,7 +297,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ablate", action="store_true", help="instead: the recipe with each piece turned off")
     parser.add_argument("--pieces", type=lambda text: [p for p in text.split(",") if p], default=None,
                         help=f"with --ablate: only these, comma-separated ({', '.join(LM_PIECES)})")
-    parser.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)")
+    parser.add_argument("--out", default=None,
+                        help="keep every round's run files here (default: a temporary directory, where each "
+                             "round's checkpoints and artifacts are dropped once it is over)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 

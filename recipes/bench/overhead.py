@@ -161,7 +161,7 @@ def bench_overhead(args: argparse.Namespace, console: Console) -> dict[str, Any]
         for index in range(max_rounds):
             runs = {"a": lambda: (run_plain_torch(args), 0.0), "b": lambda: (run_plain_lightning(args, root), 0.0),
                     "b+timing": lambda: (run_plain_lightning(args, root, timing=True), 0.0),
-                    "c": lambda i=index: run_full_recipe(mlp_recipe(args), root, i)}
+                    "c": lambda i=index: run_full_recipe(mlp_recipe(args), root, i, keep_files=args.out is not None)}
             for key in keys if index % 2 == 0 else keys[::-1]:  # no variant always follows another
                 ends, seconds = runs[key]()
                 if len(ends) != args.steps:
@@ -206,7 +206,7 @@ def bench_ablation(args: argparse.Namespace, console: Console) -> dict[str, Any]
 
         def run(variant: str, index: int) -> dict[str, float]:
             without = frozenset() if variant == "full" else frozenset({variant})
-            ends, seconds = run_full_recipe(mlp_recipe(args), root, index, without)
+            ends, seconds = run_full_recipe(mlp_recipe(args), root, index, without, keep_files=args.out is not None)
             throughput = window_throughput(ends, samples, args.warmup)
             name = "full" if variant == "full" else f"without {variant}"
             console.print(f"round {index + 1}/{args.rounds} ({name}): {samples / throughput * 1e3:.1f} ms/step, "

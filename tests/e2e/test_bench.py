@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from recipes.bench.contention import print_contention
 from recipes.bench.overhead import VARIANTS, print_overhead
 from recipes.bench.startup import PHASES, print_startup
 from recipes.bench.stats import verdict_at_most
-from tests.conftest import cli_env, run_module
+from tests.conftest import cli_env, run_module, run_script
 
 # No figure here is a speed goal, so these run beside other tests; the contention bench alone is `serial`: its
 # busy neighbour would hold both cores under the other pytest-xdist worker (.ci/run runs `serial` tests last, alone)
@@ -120,6 +121,41 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
                      "StepTiming alone:",
                      "warning: steps under 50 ms"):
         assert fragment in text, fragment
+
+
+
+def test_a_round_without_kept_files_leaves_only_its_log_and_its_metrics(tmp_path: Path) -> None:
+    """A benchmark without ``--out`` drops each round's checkpoints and artifacts once the round is over (20 MB a
+    GPT round filled the disk over a few hundred); with ``--out`` they stay. Its metrics stay in the store."""
+    script = tmp_path / "rounds.py"
+    script.write_text(textwrap.dedent("""
+        import argparse, json, sys
+        from pathlib import Path
+        import mlflow
+        from recipes.bench.overhead import mlp_recipe
+        from recipes.bench.runs import own_store, run_full_recipe
+
+        args = argparse.Namespace(features=8, hidden=8, layers=1, batch_size=4, steps=4)
+        found = {}
+        for keep in (False, True):
+            with own_store(Path(sys.argv[1]) / f"keep-{keep}") as root:
+                ends, _ = run_full_recipe(mlp_recipe(args), root, 0, keep_files=keep)
+                (run,) = mlflow.search_runs(experiment_names=["bench-overhead"], output_format="list")
+                found[str(keep)] = {"steps": len(ends), "runs": (root / "runs").exists(),
+                                    "artifacts": (root / "mlruns").exists(), "log": (root / "full-0.log").exists(),
+                                    "metrics": sorted(run.data.metrics)}
+        print(json.dumps(found))
+    """))
+    env = cli_env(tmp_path)
+    del env["MLFLOW_TRACKING_URI"]  # each benchmark's own store
+    result = run_script(script, str(tmp_path), cwd=tmp_path, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [found[k]["steps"] for k in ("False", "True")] == [4, 4]
+    assert [(found[k]["runs"], found[k]["artifacts"], found[k]["log"]) for k in ("False", "True")] == [
+        (False, False, True), (True, True, True)]
+    assert found["False"]["metrics"] == found["True"]["metrics"] != []
+    assert not (tmp_path / "mlruns").exists()
 
 
 def test_overhead_b_and_c_alone_stand_side_by_side(tmp_path: Path) -> None:
