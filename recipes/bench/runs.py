@@ -104,7 +104,6 @@ def run_full_recipe(recipe: Sequence[str], root: Path, index: int, without: froz
     if "system_metrics" in without:
         extra += ["--system_metrics", "false"]
     tag = "-".join(sorted(without)) or "full"
-    keep_artifacts_in(root, recipe)
     cli = AtscaleCLI(args=[
         *recipe, "--run_name", f"{tag}-{time.strftime('%H%M%S')}-{index}",
         "--runs_root", str(root / "runs"), "--trainer.default_root_dir", str(root / "default_root"), *extra])
@@ -201,20 +200,3 @@ def own_store(root: Path) -> Any:
         os.environ.setdefault("MLFLOW_TRACKING_URI", own_store_uri(root))
         yield root
 
-
-def keep_artifacts_in(root: Path, recipe: Sequence[str]) -> None:
-    """Create the recipe's experiment in the benchmark's own store with its artifacts in ``root`` too.
-
-    MLflow gives an experiment created on a SQLite store the working directory's ``./mlruns``: a benchmark's
-    runs left their manifests, plots and models (20 MB a GPT round, GBs over a long benchmark) in the folder
-    it was started from, outside the temporary one it deletes. A store the user named is left as it is.
-    """
-    import mlflow
-
-    uri = own_store_uri(root)
-    if os.environ.get("MLFLOW_TRACKING_URI") != uri or "--experiment" not in recipe:
-        return
-    name = recipe[list(recipe).index("--experiment") + 1]
-    client = mlflow.MlflowClient(uri)
-    if client.get_experiment_by_name(name) is None:
-        client.create_experiment(name, artifact_location=(root / "mlruns").as_uri())

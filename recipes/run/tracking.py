@@ -245,8 +245,21 @@ def ensure_store(uri: str) -> bool:
     return created
 
 
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment's artifacts go: beside a SQLite store's file (``mlruns/<experiment>``), else the
+    store's own default (a server's artifact root, a database's).
+
+    MLflow's default for a SQLite store is ``./mlruns`` of the working directory at the experiment's creation:
+    one store's artifacts ended up in whichever folder each launch happened to start from.
+    """
+    path = sqlite_path(uri)
+    if path is None:
+        return None
+    return (path.resolve().parent / "mlruns" / urllib.parse.quote(experiment, safe="")).as_uri()
+
+
 def ensure_experiment(client: Any, name: str) -> str:
-    """The id of experiment ``name``, created if missing.
+    """The id of experiment ``name``, created if missing (its artifacts beside a SQLite store's file).
 
     Launches started at once on a new store all find no experiment and all create it: MLflow refuses all but
     one (a UNIQUE constraint), and the others take the one that won.
@@ -257,7 +270,7 @@ def ensure_experiment(client: Any, name: str) -> str:
     if found is not None:
         return found.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifact_location(client.tracking_uri, name))
     except MlflowException:
         found = client.get_experiment_by_name(name)  # created by another launch between the two calls
         if found is None:

@@ -29,6 +29,7 @@ from recipes.run.common import (
     find_run,
     tracking_uri,
 )
+from recipes.run.tracking import ensure_experiment
 from recipes.speedup.points import Point, ScaleResult, fit_points, parse_devices, per_device_batch, read_csv
 from recipes.speedup.report import log_parent, write_outputs
 
@@ -133,8 +134,7 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
     out_dir = Path(args.out or out_root / experiment / f"scale-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
     client = mlflow.MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    experiment_id = ensure_experiment(client, experiment)
     parent = client.create_run(experiment_id, run_name=out_dir.name,
                                tags={"atscale.kind": "scale", "atscale.mode": args.mode})
     parent_id = parent.info.run_id
@@ -207,8 +207,7 @@ def run_from_csv(args: argparse.Namespace, console: Console) -> ScaleResult:
     write_outputs(result)
     if not args.no_mlflow:
         client = mlflow.MlflowClient(tracking_uri=tracking_uri())
-        exp = client.get_experiment_by_name(experiment)
-        experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+        experiment_id = ensure_experiment(client, experiment)
         run = client.create_run(experiment_id, run_name=out_dir.name, tags={"atscale.kind": "scale-fit"})
         result.parent_run_id = run.info.run_id
         client.log_param(run.info.run_id, "from_csv", str(args.from_csv))

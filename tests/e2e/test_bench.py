@@ -111,7 +111,7 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
     # and everything they stored stayed there: MLflow's default put their artifacts (the manifest, the time plot,
     # the model: 20 MB a GPT round, 2.4 GB after one long benchmark) in ./mlruns of the working directory
     assert not (tmp_path / "mlruns").exists()
-    assert len(list((tmp_path / "out" / "mlruns").glob("*/artifacts/manifest.json"))) == 2
+    assert len(list((tmp_path / "out" / "mlruns" / "bench-overhead").glob("*/artifacts/manifest.json"))) == 2
 
     text = _table(print_overhead, figures)
     assert "Framework overhead — MLP with 0.00 M params, best of 2 interleaved rounds" in text

@@ -167,3 +167,32 @@ def test_an_experiment_another_launch_creates_at_the_same_moment_is_taken_not_an
     assert ensure_experiment(late, "digits") == late.created_by_other
     assert ensure_experiment(winner, "digits") == late.created_by_other  # found: nothing created
     assert [e.name for e in winner.search_experiments()] == ["digits", "Default"]
+
+
+def test_a_new_experiments_artifacts_live_beside_its_sqlite_store_not_in_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's default is ``./mlruns`` of whatever folder a launch started from: one store's artifacts ended up
+    spread over every folder a run was launched from (and a benchmark's in the repository, 2.4 GB)."""
+    elsewhere = tmp_path / "launched-from"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    (tmp_path / "store").mkdir()
+    client = mlflow.MlflowClient(uri)
+    experiment_id = tracking.ensure_experiment(client, "digits")
+    assert client.get_experiment(experiment_id).artifact_location == (tmp_path / "store" / "mlruns" / "digits").as_uri()
+    run_id = client.create_run(experiment_id).info.run_id
+    client.log_text(run_id, "x", "a.txt")
+    assert (tmp_path / "store" / "mlruns" / "digits" / run_id / "artifacts" / "a.txt").read_text() == "x"
+    assert not (elsewhere / "mlruns").exists()
+    # the default store, mlflow.db in the working directory: beside it is where MLflow put them already
+    local = mlflow.MlflowClient("sqlite:///mlflow.db")
+    local_id = tracking.ensure_experiment(local, "digits")
+    assert local.get_experiment(local_id).artifact_location == (elsewhere / "mlruns" / "digits").as_uri()
+
+
+def test_artifact_location_of_each_kind_of_store() -> None:
+    assert tracking.artifact_location("sqlite:////abs/m.db", "digits") == "file:///abs/mlruns/digits"
+    assert tracking.artifact_location("sqlite:////abs/m.db", "team/run 1") == "file:///abs/mlruns/team%252Frun%25201"
+    for uri in ("http://h:5000", "postgresql://u@h/db", "sqlite://", "sqlite:///:memory:"):
+        assert tracking.artifact_location(uri, "digits") is None, uri  # the store's own default
