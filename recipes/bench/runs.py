@@ -199,4 +199,3 @@ def own_store(root: Path) -> Any:
     with mock.patch.dict(os.environ):
         os.environ.setdefault("MLFLOW_TRACKING_URI", own_store_uri(root))
         yield root
-

@@ -123,7 +123,6 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
         assert fragment in text, fragment
 
 
-
 def test_a_round_without_kept_files_leaves_only_its_log_and_its_metrics(tmp_path: Path) -> None:
     """A benchmark without ``--out`` drops each round's checkpoints and artifacts once the round is over (20 MB a
     GPT round filled the disk over a few hundred); with ``--out`` they stay. Its metrics stay in the store."""
