@@ -155,16 +155,16 @@ def search_tags(cfg: Namespace) -> dict[str, str]:
     return tags
 
 
-def check_devices(trainer_cfg: Namespace) -> None:
-    """Refuse more CPU processes than cores (Lightning would start them and crawl)."""
+def check_devices(trainer_cfg: Namespace, oversubscribe: bool = False) -> None:
+    """Refuse more CPU processes than cores (Lightning would start them and crawl), unless ``oversubscribe``."""
     devices, accelerator = trainer_cfg.get("devices"), str(trainer_cfg.get("accelerator"))
     wants_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
     if not wants_cpu or (not isinstance(devices, int) and not str(devices).isdigit()):
         return
     cores = os.cpu_count() or 1
-    if int(devices) > cores:
+    if int(devices) > cores and not oversubscribe:
         raise UsageError(f"trainer.devices={devices} asks for {devices} CPU processes, but this machine has "
-                         f"{cores} CPU cores.")
+                         f"{cores} CPU cores (--oversubscribe true starts them anyway, one thread each).")
 
 
 class AtscaleCLI(LightningCLI):
@@ -210,6 +210,9 @@ class AtscaleCLI(LightningCLI):
                                  "'adaptive' (fewer threads while other work holds cores: faster on a busy "
                                  "machine, but resumes and reproductions are no longer bitwise), or 'torch' "
                                  "(torch's own defaults, held like auto).")
+        parser.add_argument("--oversubscribe", type=bool, default=False,
+                            help="Start more CPU processes than the machine has cores (refused otherwise: they "
+                                 "share the cores and crawl). For tests of many ranks on a small machine.")
         parser.add_argument("--system_metrics", type=bool, default=True,
                             help="Sample CPU, memory, disk and network into the MLflow run every 10 s (MLflow's "
                                  "system metrics: a thread beside the training step).")
@@ -232,7 +235,7 @@ class AtscaleCLI(LightningCLI):
     # ------------------------------------------------------------ run context
     def before_instantiate_classes(self) -> None:
         cfg = self.config
-        check_devices(cfg.trainer)
+        check_devices(cfg.trainer, bool(cfg.get("oversubscribe")))
         apply_cpu_threads(cfg.get("cpu_threads", "auto"))
         experiment = cfg.experiment
         inherited = os.environ.get(ENV_RUN_NAME) if launched_by_parent() else None
