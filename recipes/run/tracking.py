@@ -35,7 +35,10 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 #: Tag of an MLflow run naming where its files live (a local run directory or an object-storage URL).
 RUN_DIR_TAG = "atscale.run_dir"
 
-_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
+#: A URL's scheme and userinfo. The authority ends at the first ``/``, ``?`` or ``#`` (or, in free text, a space); the
+#: userinfo is everything in it before its LAST ``@``: how urllib3 (hence requests, botocore's and MLflow's HTTP
+#: clients) and ``urllib.parse`` split it, so a password holding an ``@`` is masked whole, never cut at its first ``@``.
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s]*)@")
 
 
 class TrackingError(Exception):

@@ -57,3 +57,38 @@ def test_a_token_in_the_tracking_uri_is_never_printed_by_the_cli(monkeypatch: py
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://TOKEN123@mlflow.example")
     assert "TOKEN123" not in tracking.tracking_uri()
+
+
+#: URLs whose userinfo holds an '@' (or more): urllib3 and requests split userinfo from host at the LAST '@' of the
+#: authority, so everything before it is the secret the client sends.
+AT_IN_SECRETS = [
+    ("http://bob:MetaB@PWtail88@127.0.0.1:9/", "http://bob:***@127.0.0.1:9/"),
+    ("--spot.metadata_url=http://bob:a@b@c@h:1/x", "--spot.metadata_url=http://bob:***@h:1/x"),
+    ("http://me@corp.com:pw@host/x", "http://me@corp.com:***@host/x"),
+    ("s3://AKIA:secretpw@b/r", "s3://AKIA:***@b/r"),
+    ("see http://u:p@q@h/x and https://v:w@k?y=a@b", "see http://u:***@h/x and https://v:***@k?y=a@b"),
+    ("http://host/path@v2", "http://host/path@v2"),
+    ("http://u:p@h#frag@x", "http://u:***@h#frag@x"),
+]
+
+
+@pytest.mark.parametrize(("text", "shown"), AT_IN_SECRETS)
+def test_redact_splits_userinfo_at_the_last_at_of_the_authority(text: str, shown: str) -> None:
+    assert tracking.redact(text) == shown
+
+
+@pytest.mark.parametrize("url", ["http://bob:MetaB@PWtail88@127.0.0.1:9/", "http://bob:a@b@c@h:1/x", "s3://AKIA:s@cret@b/r",
+                                 "http://me@corp.com:pw@host/x", "https://v:w@k?y=a@b", "http://u:p@h#frag@x",
+                                 "http://u:p@h\\x@y/"])
+def test_what_the_client_would_send_as_a_password_is_masked_whole(url: str) -> None:
+    """urllib3's own parse of the redacted URL finds the user and ``***``: no part of the password is left."""
+    from urllib3.util import parse_url
+
+    user = parse_url(url).auth.split(":", 1)[0]
+    assert parse_url(tracking.redact(url)).auth == f"{user}:***"
+    assert parse_url(tracking.mask_userinfo(url)).auth == "***"
+
+
+def test_mask_userinfo_masks_a_token_with_an_at_in_it() -> None:
+    assert tracking.mask_userinfo("http://TOK@EN@host/x") == "http://***@host/x"
+    assert tracking.has_credentials("s3://AKIA:secret@pw@bucket/runs")
