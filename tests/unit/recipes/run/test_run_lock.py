@@ -50,3 +50,42 @@ def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
 def test_a_read_only_directory_raises_oserror(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         RunLock(Path("/proc/atscale-cannot-exist")).acquire()
+
+
+def test_release_leaves_no_lock_file_and_no_folder_it_made(tmp_path: Path) -> None:
+    lock = RunLock(tmp_path / "runs" / "exp" / "run")
+    lock.acquire()
+    assert (tmp_path / "runs" / "exp" / "run" / LOCK_NAME).exists()
+    lock.release()
+    assert list(tmp_path.iterdir()) == []  # runs/exp/run were this lock's: gone again
+
+
+def test_release_keeps_folders_that_hold_anything_else(tmp_path: Path) -> None:
+    (tmp_path / "runs" / "exp" / "other").mkdir(parents=True)
+    lock = RunLock(tmp_path / "runs" / "exp" / "run")
+    lock.acquire()
+    (lock.run_dir / "config.yaml").write_text("x")  # the run wrote its files
+    lock.release()
+    assert sorted(p.name for p in lock.run_dir.iterdir()) == ["config.yaml"]
+    assert (tmp_path / "runs" / "exp" / "other").is_dir()
+
+
+def test_a_lock_file_removed_while_being_opened_is_not_held_twice(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """B opens the lock file, A (the holder) removes it and lets go, B's flock then wins the orphaned file: B must
+    see that and lock the file at the path instead, else B and a third launch C would both hold the run."""
+    from recipes.run import lock as lock_module
+
+    first = RunLock(tmp_path)
+    first.acquire()
+    stale = open(tmp_path / LOCK_NAME, "a+")  # B opens it, before A releases
+    first.release()
+    opened = iter([stale])
+    monkeypatch.setattr(lock_module, "open", lambda *a, **k: next(opened, None) or open(*a, **k), raising=False)
+    second = RunLock(tmp_path)
+    second.acquire()
+    assert stale.closed  # the orphan was let go
+    third = RunLock(tmp_path)
+    with pytest.raises(RunLocked):
+        third.acquire()
+    second.release()
