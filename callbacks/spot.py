@@ -3,10 +3,17 @@
 Notices come from signals (SIGTERM from Kubernetes and most schedulers, SIGUSR1 from SLURM's
 ``--signal=USR1@90``), from the cloud's metadata service (polled in a thread, see
 ``callbacks/utils/notices.py``), or from a fire drill. Handlers and pollers only set a flag; at each
-training-batch end (and at the end of validation) the ranks agree on it with one small
-all-reduce, then all save the same step, synchronously, and stop together. No collective ever
-runs inside a signal handler (Lightning's own SIGTERM handler broadcasts inside the handler,
-which can deadlock DDP; this callback replaces it when training starts).
+training-batch end (and at the end of validation) the ranks vote with one small all-reduce on every
+decision that changes control flow (a notice on any rank, a timed save by rank 0's clock, whether the
+epoch's validation follows: ``callbacks/utils/agreement.py``), then all save the same step, synchronously,
+and stop together. No collective ever runs inside a signal handler (Lightning's own SIGTERM handler
+broadcasts inside the handler, which can deadlock DDP; this callback replaces it when training starts).
+
+A rank that never reaches the step boundary (a frozen or dead peer holds it in a collective, where its
+signal handlers cannot run) is ended by a watchdog thread (``callbacks/utils/watchdog.py``): a notice the
+loop does not act on within ``notice_grace_s``, or a stall longer than a timeout sized from the run's own
+steps, ends the process tree with one line naming the silent rank and the collective, the MLflow run marked
+KILLED, and exit 75; the relaunch resumes from the newest good checkpoint.
 
 Every checkpoint this callback writes carries the RNG states of every rank (Python, NumPy,
 torch, CUDA) and the MLflow run id; with a stateful training loader (Lightning saves its
@@ -36,11 +43,13 @@ Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -56,8 +65,10 @@ from typing_extensions import override
 from .checkpoint_io import RUN_METADATA_KEY, BoundedAsyncCheckpointIO, mirror_of
 from .storage import ckpt_store
 from .utils import notices
+from .utils.agreement import agree, distributed_world
 from .utils.compat import validation_due
 from .utils.rng import restore_rank_rng, rng_state, set_rng_state  # noqa: F401 (tests import it from here)
+from .utils.watchdog import HangWatchdog, PeerBoard, kill_children, rendezvous_store
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -85,7 +96,8 @@ class SpotCheckpoint(Callback):
         signals: signal names that count as a notice.
         every_n_steps: also save every this many optimizer steps (``None``: not by steps).
         every_minutes: also save every this many minutes of training (``None``: not by time;
-            ``"auto"``: Daly's optimum from the measured save time and ``interruption_rate``).
+            ``"auto"``: Daly's optimum from the measured save time and ``interruption_rate``). Global
+            rank 0's clock and interval decide, and every rank follows (one vote per step).
         interruption_rate: expected interruptions of one instance per ``rate_period_h`` (a
             probability in [0, 1)); with the node count it gives the job's MTBF for ``"auto"``, and
             a fixed ``every_minutes`` more than 2x away from the optimum draws a warning.
@@ -102,6 +114,12 @@ class SpotCheckpoint(Callback):
         drill_validation_epochs: fire drill: send a SIGTERM during validation in these epochs.
         drill_rate: fire drill: per-step probability of a SIGTERM (seeded by ``drill_seed``).
         drill_seed: seed of the random drill.
+        notice_grace_s: a notice that the training loop cannot act on within this many seconds (a rank held
+            in a collective by a frozen or dead peer) ends the job: exit 75, the MLflow run KILLED.
+        stall_floor_s: with several ranks, no step boundary for ``max(stall_floor_s, stall_factor x the
+            longest gap measured between boundaries)`` while no rank is busy writing is a hang, ended as
+            above (the process group's own timeout is 30 minutes).
+        stall_factor: see ``stall_floor_s``.
 
     Raises:
         ValueError: for an unknown provider or signal, or a non-positive interval.
@@ -133,6 +151,9 @@ class SpotCheckpoint(Callback):
         drill_validation_epochs: list[int] | None = None,
         drill_rate: float = 0.0,
         drill_seed: int = 0,
+        notice_grace_s: float = 20.0,
+        stall_floor_s: float = 300.0,
+        stall_factor: float = 20.0,
     ) -> None:
         if provider not in ("auto", "aws", "gcp", "azure", "none"):
             raise ValueError(f"SpotCheckpoint(provider={provider!r}) must be auto, aws, gcp, azure or none.")
@@ -147,7 +168,9 @@ class SpotCheckpoint(Callback):
             raise ValueError(f"SpotCheckpoint(interruption_rate={interruption_rate!r}) must lie in [0, 1).")
         fixed_minutes = None if every_minutes == "auto" else every_minutes
         for name, value in (("every_n_steps", every_n_steps), ("every_minutes", fixed_minutes),
-                            ("poll_interval_s", poll_interval_s), ("keep", keep), ("rate_period_h", rate_period_h)):
+                            ("poll_interval_s", poll_interval_s), ("keep", keep), ("rate_period_h", rate_period_h),
+                            ("notice_grace_s", notice_grace_s), ("stall_floor_s", stall_floor_s),
+                            ("stall_factor", stall_factor)):
             if value is not None and value <= 0:
                 raise ValueError(f"SpotCheckpoint({name}={value!r}) must be positive.")
         if not 0.0 <= drill_rate < 1.0:
@@ -172,6 +195,7 @@ class SpotCheckpoint(Callback):
         self.drill_validation_epochs = set(drill_validation_epochs or [])
         self.drill_rate = drill_rate
         self._drill_rng = random.Random(drill_seed)
+        self.notice_grace_s, self.stall_floor_s, self.stall_factor = notice_grace_s, stall_floor_s, stall_factor
 
         # State kept across resumes (state_dict).
         self.mlflow_run_id: str | None = None
@@ -189,6 +213,8 @@ class SpotCheckpoint(Callback):
         self._last_save_time = time.monotonic()
         self._last_saved_step: int | None = None  # a step saved once is not saved again at its epoch's end
         self._resumed_step: int | None = None
+        self._watchdog: HangWatchdog | None = None
+        self._hang_record: tuple[Any, str] | None = None  # (MLflow client, run id) a hang marks KILLED (rank 0)
 
     # ----------------------------------------------------------------- notices
     def notify(self, notice: notices.Notice) -> None:
@@ -220,13 +246,15 @@ class SpotCheckpoint(Callback):
                                              self.metadata_timeout_s)
         self._poller.start()
 
-    def _should_stop(self, trainer: Trainer) -> bool:
-        """Whether any rank has a notice: one all-reduce (Lightning's), outside any signal handler."""
+    def _vote(self, trainer: Trainer, save_due: bool = False,
+              validation_follows: bool = False) -> tuple[bool, bool, bool]:
+        """(notice, save, validation follows) as every rank decided them: one all-reduce, outside any handler."""
         local = self._flag.is_set()
-        stop = trainer.strategy.reduce_boolean_decision(local, all=False) if trainer.world_size > 1 else local
-        if stop and not local:
+        agreed = agree(notice=local, save_due=save_due, validation_follows=validation_follows,
+                       rank=trainer.global_rank, device=trainer.strategy.root_device, distributed=distributed_world())
+        if agreed.notice and not local:
             self.notify(notices.Notice("peer", "another rank received a notice"))
-        return stop
+        return agreed.notice, agreed.save_due, agreed.validation_follows
 
     def _fire_drill(self, key: str) -> None:
         if key in self.drills_fired:
@@ -249,16 +277,17 @@ class SpotCheckpoint(Callback):
         directory = self._dir(trainer)
         path = directory / f"step={trainer.global_step:08d}{suffix}.ckpt"
         io = trainer.strategy.checkpoint_io
-        trainer.save_checkpoint(path, weights_only=False)  # the full training state
-        if wait and isinstance(io, AsyncCheckpointIO):
-            io.teardown()  # joins the writer thread; it restarts on the next save
-        mirror = mirror_of(io)
-        if path.is_dir() and trainer.is_global_zero:
-            # sharded (distributed) checkpoints bypass the checkpoint IO: publish them here
-            ckpt_store.write_record(path, trainer.global_step, trainer.current_epoch,
-                                    extra={"mlflow_run_id": self.mlflow_run_id})
-            if mirror is not None:
-                mirror.try_publish(path)
+        with self._busy("writing a checkpoint"):
+            trainer.save_checkpoint(path, weights_only=False)  # the full training state
+            if wait and isinstance(io, AsyncCheckpointIO):
+                io.teardown()  # joins the writer thread; it restarts on the next save
+            mirror = mirror_of(io)
+            if path.is_dir() and trainer.is_global_zero:
+                # sharded (distributed) checkpoints bypass the checkpoint IO: publish them here
+                ckpt_store.write_record(path, trainer.global_step, trainer.current_epoch,
+                                        extra={"mlflow_run_id": self.mlflow_run_id})
+                if mirror is not None:
+                    mirror.try_publish(path)
         trainer.strategy.barrier("SpotCheckpoint.save")
         if trainer.is_global_zero:
             prune = functools.partial(self._prune, directory, mirror)
@@ -300,15 +329,12 @@ class SpotCheckpoint(Callback):
                                 "spot/save_cost_s": save_cost_s, "spot/expected_overhead": overhead})
 
     def _validation_follows(self, trainer: Trainer) -> bool:
-        """Whether this batch is its epoch's last and the epoch's validation is due after it (all ranks agree)."""
-        if not self.validate_on_notice or not trainer.enable_validation:
-            return False
-        due = validation_due(trainer)  # Lightning's own decision
-        if trainer.world_size > 1:
-            due = trainer.strategy.reduce_boolean_decision(bool(due), all=True)
-        return bool(due)
+        """Whether this batch is its epoch's last and the epoch's validation is due after it (this rank's view)."""
+        return self.validate_on_notice and trainer.enable_validation and bool(validation_due(trainer))
 
     def _stop_on_notice(self, trainer: Trainer, validate_after: bool = False) -> None:
+        if self._watchdog is not None:
+            self._watchdog.beat(trainer.global_step)  # the loop acts on the notice: not a hang
         self.interruptions += 1  # before the save: the resumed run must know about this interruption
         self.save(trainer, wait=True)
         elapsed = time.monotonic() - (self._notice_time or time.monotonic())
@@ -380,6 +406,50 @@ class SpotCheckpoint(Callback):
         if self._resumed_step is not None and trainer.is_global_zero:
             self._log(trainer, {"spot/lost_steps": self._lost_steps(trainer)})
         self._last_save_time = time.monotonic()
+        self._start_watchdog(trainer)
+
+    # ---------------------------------------------------------------- hangs
+    def _start_watchdog(self, trainer: Trainer) -> None:
+        """Watch for a loop that stops reaching step boundaries (see the module docstring)."""
+        if self._watchdog is not None:
+            return
+        board = None
+        if distributed_world():
+            store = rendezvous_store()
+            board = PeerBoard(store, trainer.global_rank, trainer.world_size) if store is not None else None
+        if trainer.is_global_zero:
+            logger = next((lg for lg in trainer.loggers if getattr(lg, "run_id", None)), None)
+            if logger is not None and hasattr(logger.experiment, "set_terminated"):
+                self._hang_record = (logger.experiment, logger.run_id)
+        self._watchdog = HangWatchdog(self._end_hung_job, trainer.global_rank, set(self._signals.signums),
+                                      notice_grace_s=self.notice_grace_s, stall_floor_s=self.stall_floor_s,
+                                      stall_factor=self.stall_factor, board=board)
+        self._watchdog.start()
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+
+    def _busy(self, what: str) -> Any:
+        """A context in which this rank works on its own (the watchdog does not count it as a stall)."""
+        return self._watchdog.busy(what) if self._watchdog is not None else contextlib.nullcontext()
+
+    def _end_hung_job(self, line: str) -> None:
+        """From the watchdog thread: say what hung, mark the run KILLED, end this process tree, exit 75.
+
+        The newest published checkpoint is whole (saves are atomic), so the relaunch resumes from it.
+        """
+        sys.stderr.write(f"atscale: {line}. Ending the job (exit {REQUEUE_EXIT_CODE}); the same command resumes "
+                         "it from its newest checkpoint.\n")
+        sys.stderr.flush()
+        if self._hang_record is not None:
+            client, run_id = self._hang_record
+            marker = threading.Thread(target=client.set_terminated, args=(run_id, "KILLED"), daemon=True)
+            marker.start()
+            marker.join(timeout=10.0)  # the store may be slow; the processes end regardless
+        kill_children()
+        os._exit(REQUEUE_EXIT_CODE)
 
     def _resumed_elsewhere(self, trainer: Trainer, saved_world: int) -> None:
         """Say once (rank zero) that the run came back on another world size, and tag it ``atscale.elastic``."""
@@ -414,16 +484,21 @@ class SpotCheckpoint(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
+        if self._watchdog is not None:
+            self._watchdog.beat(step)
         if trainer.is_global_zero:
             if step in self.drill_steps:
                 self._fire_drill(f"step:{step}")
             elif self.drill_rate and self._drill_rng.random() < self.drill_rate:
                 self._fire_drill(f"random:{step}")
-        if self._should_stop(trainer):
-            self._stop_on_notice(trainer, validate_after=self._validation_follows(trainer))
+        # rank 0's clock and interval decide a timed save for everyone (its vote alone counts)
+        due_time = (trainer.is_global_zero and self.interval_s is not None
+                    and time.monotonic() - self._last_save_time >= self.interval_s)
+        notice, due_time, validation_follows = self._vote(trainer, due_time, self._validation_follows(trainer))
+        if notice:
+            self._stop_on_notice(trainer, validate_after=validation_follows)
             return
         due_steps = self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0
-        due_time = self.interval_s is not None and time.monotonic() - self._last_save_time >= self.interval_s
         # the run's last step: save here, because on_train_epoch_end already counts the epoch as done
         final = trainer.max_steps > 0 and step >= trainer.max_steps
         if due_steps or due_time or final:
@@ -432,6 +507,8 @@ class SpotCheckpoint(Callback):
     @override
     def on_validation_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self._watchdog is not None:
+            self._watchdog.beat()
         if trainer.sanity_checking or not trainer.is_global_zero or batch_idx != 0:
             return
         if trainer.current_epoch in self.drill_validation_epochs:
@@ -441,8 +518,18 @@ class SpotCheckpoint(Callback):
     def on_validation_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
-        if not self.interrupted and self._should_stop(trainer):
+        if self._watchdog is not None:
+            self._watchdog.beat()
+        if not self.interrupted and self._vote(trainer)[0]:
             self._stop_on_notice(trainer)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_watchdog()  # the wrap-up (model logging, uploads) has no step boundaries to watch
+
+    @override
+    def on_exception(self, trainer: Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._stop_watchdog()
 
     @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
@@ -492,6 +579,7 @@ class SpotCheckpoint(Callback):
 
     @override
     def teardown(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._stop_watchdog()
         if self._poller is not None:
             self._poller.stop()
             self._poller = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,47 @@ class SignalMidStoreRead(Callback):
         assert rows.fetchone() is not None  # the read is under way: the file's read lock is held
         os.kill(os.getpid(), self.signum)  # the handler raises here, in this frame
         rows.fetchall()
+
+
+class SkewRank(Callback):
+    """Make one rank late at every step boundary: it sleeps ``sleep_s`` before the other callbacks look at a clock.
+
+    Ranks in lockstep still leave each step's collectives together; the sleep puts this rank's clock readings
+    ``sleep_s`` behind the others', as a slower or busier machine's are.
+
+    Args:
+        rank: the global rank to slow down.
+        sleep_s: seconds slept at each training batch's end.
+    """
+
+    def __init__(self, rank: int = 1, sleep_s: float = 0.02) -> None:
+        self.rank, self.sleep_s = rank, sleep_s
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_rank == self.rank:
+            time.sleep(self.sleep_s)
+
+
+class SignalOneRank(Callback):
+    """Send ``signal_name`` to one rank only, once, when training passes ``step`` (a notice seen by one node).
+
+    ``marker`` records it (the relaunch does not signal again) and holds that rank's pid.
+
+    Args:
+        rank: the global rank that receives the signal.
+        step: the global step after which it is sent.
+        marker: a file whose existence means "already sent".
+        signal_name: ``"SIGTERM"``, ``"SIGUSR1"``, or ``"SIGSTOP"`` (the rank freezes: a hung machine).
+    """
+
+    def __init__(self, rank: int, step: int, marker: str, signal_name: str = "SIGTERM") -> None:
+        self.rank, self.step, self.marker = rank, step, Path(marker)
+        self.signum = signal.Signals[signal_name]
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_rank != self.rank or trainer.global_step < self.step or self.marker.exists():
+            return
+        self.marker.write_text(str(os.getpid()))
+        os.kill(os.getpid(), self.signum)
