@@ -1,5 +1,10 @@
 """Spot-safe training: checkpoint on an interruption notice, stop cleanly, resume exactly.
 
+This file wires the hooks; each part it composes is a module of its own under ``utils/``: where notices come
+from (``notices``), the vote that agrees decisions across ranks (``agreement``), the hang watchdog
+(``watchdog``), when periodic saves are due and Daly's interval (``save_schedule``), fire drills
+(``drills``), what a resume records in MLflow (``resume_record``), and every rank's RNG (``rng``).
+
 Notices come from signals (SIGTERM from Kubernetes and most schedulers, SIGUSR1 from SLURM's
 ``--signal=USR1@90``), from the cloud's metadata service (polled in a thread, see
 ``callbacks/utils/notices.py``), or from a fire drill. Handlers and pollers only set a flag; at each
@@ -37,8 +42,8 @@ key                        meaning
 =========================  ===========================================================
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
-``storage/{ckpt_store,safe_load,remote_store}.py``, ``utils/{notices,rng,compat}.py``,
-``analysis/ckpt_interval.py``.
+``storage/{ckpt_store,safe_load,remote_store}.py``,
+``utils/{notices,rng,compat,agreement,watchdog,save_schedule,drills,resume_record}.py``, ``analysis/ckpt_interval.py``.
 """
 
 from __future__ import annotations
@@ -47,8 +52,6 @@ import contextlib
 import functools
 import logging
 import os
-import random
-import signal
 import sys
 import threading
 import time
@@ -67,7 +70,10 @@ from .storage import ckpt_store
 from .utils import notices
 from .utils.agreement import agree, distributed_world
 from .utils.compat import validation_due
+from .utils.drills import FireDrill
+from .utils.resume_record import ELASTIC_TAG, lost_steps, tag_elastic  # noqa: F401 (ELASTIC_TAG: tests import it)
 from .utils.rng import restore_rank_rng, rng_state, set_rng_state  # noqa: F401 (tests import it from here)
+from .utils.save_schedule import SaveSchedule
 from .utils.watchdog import HangWatchdog, PeerBoard, kill_children, rendezvous_store
 
 if TYPE_CHECKING:
@@ -79,8 +85,6 @@ log = logging.getLogger(__name__)
 
 #: Exit status after a notice save: sysexits' EX_TEMPFAIL, "temporary failure, retry".
 REQUEUE_EXIT_CODE = 75
-#: MLflow tag of a run resumed on another world size: ``"2->1@12"`` (saved ranks -> ranks, at step), ``; ``-joined.
-ELASTIC_TAG = "atscale.elastic"
 #: File name pattern of the checkpoints this callback writes (``step=00000042.ckpt``).
 CHECKPOINT_PATTERN = "step=*.ckpt"
 
@@ -173,8 +177,6 @@ class SpotCheckpoint(Callback):
                             ("stall_factor", stall_factor)):
             if value is not None and value <= 0:
                 raise ValueError(f"SpotCheckpoint({name}={value!r}) must be positive.")
-        if not 0.0 <= drill_rate < 1.0:
-            raise ValueError(f"SpotCheckpoint(drill_rate={drill_rate!r}) must lie in [0, 1).")
         self.provider = provider
         self.metadata_url = metadata_url
         self.poll_interval_s = poll_interval_s
@@ -184,23 +186,18 @@ class SpotCheckpoint(Callback):
         self.every_minutes = every_minutes
         self.interruption_rate = interruption_rate
         self.rate_period_h = rate_period_h
-        self.interval_s: float | None = None if every_minutes in (None, "auto") else 60.0 * float(every_minutes)
-        self._interval_checked = False
+        self.schedule = SaveSchedule(every_n_steps, every_minutes, interruption_rate, rate_period_h)
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.validate_on_notice = validate_on_notice
         self.keep = keep
         self.dirpath = dirpath
         self.requeue_slurm = requeue_slurm
-        self.drill_steps = set(drill_steps or [])
-        self.drill_validation_epochs = set(drill_validation_epochs or [])
-        self.drill_rate = drill_rate
-        self._drill_rng = random.Random(drill_seed)
+        self.drill = FireDrill(drill_steps, drill_validation_epochs, drill_rate, drill_seed)
         self.notice_grace_s, self.stall_floor_s, self.stall_factor = notice_grace_s, stall_floor_s, stall_factor
 
         # State kept across resumes (state_dict).
         self.mlflow_run_id: str | None = None
         self.interruptions = 0
-        self.drills_fired: set[str] = set()
         # This process only.
         self.interrupted = False
         self._save_at_epoch_end = False  # a notice at the epoch's last batch: validate, then save again
@@ -210,7 +207,6 @@ class SpotCheckpoint(Callback):
         self._signals = notices.SignalNotices(signals, self.notify)
         self._poller: notices.NoticePoller | None = None
         self._pending_rng: list[dict[str, Any]] | None = None
-        self._last_save_time = time.monotonic()
         self._last_saved_step: int | None = None  # a step saved once is not saved again at its epoch's end
         self._resumed_step: int | None = None
         self._watchdog: HangWatchdog | None = None
@@ -256,12 +252,10 @@ class SpotCheckpoint(Callback):
             self.notify(notices.Notice("peer", "another rank received a notice"))
         return agreed.notice, agreed.save_due, agreed.validation_follows
 
-    def _fire_drill(self, key: str) -> None:
-        if key in self.drills_fired:
-            return
-        self.drills_fired.add(key)
-        log.warning("SpotCheckpoint fire drill (%s): sending SIGTERM to this process.", key)
-        os.kill(os.getpid(), signal.SIGTERM)
+    @property
+    def interval_s(self) -> float | None:
+        """Seconds between timed saves (rank 0's clock decides them)."""
+        return self.schedule.interval_s
 
     # ------------------------------------------------------------------ saving
     def _dir(self, trainer: Trainer) -> Path:
@@ -295,10 +289,8 @@ class SpotCheckpoint(Callback):
                 io.after_saves(prune, f"prune {directory}")  # once this save is published, off the training thread
             else:  # a save still in flight is not counted: `keep` good ones remain
                 prune()
-        self._last_save_time = time.monotonic()
         self._last_saved_step = trainer.global_step
-        if not self._interval_checked and self.interruption_rate > 0:
-            self._choose_interval(trainer, save_cost_s=self._last_save_time - started)
+        self._choose_interval(trainer, save_cost_s=time.monotonic() - started)
         return path
 
     def _prune(self, directory: Path, mirror: RemoteCheckpoints | None) -> None:
@@ -308,25 +300,10 @@ class SpotCheckpoint(Callback):
             mirror.try_prune(CHECKPOINT_PATTERN, self.keep)
 
     def _choose_interval(self, trainer: Trainer, save_cost_s: float) -> None:
-        """Daly's interval from the first measured save (the stall training pays) and the job's MTBF."""
-        from .analysis.ckpt_interval import daly_interval, expected_overhead, interval_mismatch, mtbf_from_rate
-
-        self._interval_checked = True
-        save_cost_s = max(save_cost_s, 1e-3)
-        mtbf_s = mtbf_from_rate(self.interruption_rate, 3600.0 * self.rate_period_h, instances=trainer.num_nodes)
-        optimum_s = daly_interval(save_cost_s, mtbf_s)
-        if self.every_minutes == "auto":
-            self.interval_s = optimum_s
-            if trainer.is_global_zero:
-                log.warning("SpotCheckpoint(every_minutes='auto'): saving every %.1f min (Daly's optimum for a %.2f s "
-                            "save and a %.1f h MTBF).", optimum_s / 60, save_cost_s, mtbf_s / 3600)
-        elif self.interval_s is not None and interval_mismatch(self.interval_s, optimum_s) > 2.0:
-            log.warning("SpotCheckpoint(every_minutes=%s) is more than 2x away from Daly's optimum of %.1f min "
-                        "(save %.2f s, MTBF %.1f h).", self.every_minutes, optimum_s / 60, save_cost_s, mtbf_s / 3600)
-        if trainer.is_global_zero and self.interval_s is not None:
-            overhead = expected_overhead(self.interval_s, save_cost_s, mtbf_s)
-            self._log(trainer, {"spot/interval_s": self.interval_s, "spot/optimal_interval_s": optimum_s,
-                                "spot/save_cost_s": save_cost_s, "spot/expected_overhead": overhead})
+        """Restart the save clock; after the first save, Daly's interval from its cost and the job's MTBF."""
+        metrics = self.schedule.saved(save_cost_s, instances=trainer.num_nodes, speak=trainer.is_global_zero)
+        if metrics is not None and trainer.is_global_zero:
+            self._log(trainer, metrics)
 
     def _validation_follows(self, trainer: Trainer) -> bool:
         """Whether this batch is its epoch's last and the epoch's validation is due after it (this rank's view)."""
@@ -404,8 +381,8 @@ class SpotCheckpoint(Callback):
             restore_rank_rng(states, trainer.global_rank)
             self._pending_rng = None
         if self._resumed_step is not None and trainer.is_global_zero:
-            self._log(trainer, {"spot/lost_steps": self._lost_steps(trainer)})
-        self._last_save_time = time.monotonic()
+            self._log(trainer, {"spot/lost_steps": lost_steps(trainer.loggers, self._resumed_step)})
+        self.schedule.restart_clock()
         self._start_watchdog(trainer)
 
     # ---------------------------------------------------------------- hangs
@@ -452,33 +429,8 @@ class SpotCheckpoint(Callback):
         os._exit(REQUEUE_EXIT_CODE)
 
     def _resumed_elsewhere(self, trainer: Trainer, saved_world: int) -> None:
-        """Say once (rank zero) that the run came back on another world size, and tag it ``atscale.elastic``."""
-        if not trainer.is_global_zero:
-            return
-        world, step = trainer.world_size, trainer.global_step
-        log.warning("Resumed on %d rank(s) from a checkpoint of %d (step %d): the epoch goes on from its global "
-                    "sample cursor; rank r continues rank r mod %d's RNG streams; not bitwise equal to an "
-                    "uninterrupted run (gradients are reduced over another world).", world, saved_world, step,
-                    saved_world)
-        for logger in trainer.loggers:
-            client, run_id = getattr(logger, "experiment", None), getattr(logger, "run_id", None)
-            if run_id is None or not hasattr(client, "set_tag"):
-                continue
-            before = client.get_run(run_id).data.tags.get(ELASTIC_TAG)
-            client.set_tag(run_id, ELASTIC_TAG, "; ".join(filter(None, [before, f"{saved_world}->{world}@{step}"])))
-
-    def _lost_steps(self, trainer: Trainer) -> int:
-        """Steps the previous attempt logged beyond the checkpoint resumed from (redone now)."""
-        assert self._resumed_step is not None
-        furthest = self._resumed_step
-        for logger in trainer.loggers:
-            client, run_id = getattr(logger, "experiment", None), getattr(logger, "run_id", None)
-            if run_id is None or not hasattr(client, "get_metric_history"):
-                continue
-            # a metric logged after optimizer step k carries step k - 1 (Lightning counts from 0)
-            steps = [m.step + 1 for m in client.get_metric_history(run_id, "train/loss")]
-            furthest = max([furthest, *steps])
-        return furthest - self._resumed_step
+        if trainer.is_global_zero:
+            tag_elastic(trainer.loggers, saved_world, trainer.world_size, trainer.global_step)
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any,
@@ -487,18 +439,14 @@ class SpotCheckpoint(Callback):
         if self._watchdog is not None:
             self._watchdog.beat(step)
         if trainer.is_global_zero:
-            if step in self.drill_steps:
-                self._fire_drill(f"step:{step}")
-            elif self.drill_rate and self._drill_rng.random() < self.drill_rate:
-                self._fire_drill(f"random:{step}")
+            self.drill.after_step(step)
         # rank 0's clock and interval decide a timed save for everyone (its vote alone counts)
-        due_time = (trainer.is_global_zero and self.interval_s is not None
-                    and time.monotonic() - self._last_save_time >= self.interval_s)
+        due_time = trainer.is_global_zero and self.schedule.due_by_clock()
         notice, due_time, validation_follows = self._vote(trainer, due_time, self._validation_follows(trainer))
         if notice:
             self._stop_on_notice(trainer, validate_after=validation_follows)
             return
-        due_steps = self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0
+        due_steps = self.schedule.due_by_steps(step)
         # the run's last step: save here, because on_train_epoch_end already counts the epoch as done
         final = trainer.max_steps > 0 and step >= trainer.max_steps
         if due_steps or due_time or final:
@@ -511,8 +459,7 @@ class SpotCheckpoint(Callback):
             self._watchdog.beat()
         if trainer.sanity_checking or not trainer.is_global_zero or batch_idx != 0:
             return
-        if trainer.current_epoch in self.drill_validation_epochs:
-            self._fire_drill(f"validation:{trainer.current_epoch}")
+        self.drill.in_validation(trainer.current_epoch)
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
@@ -568,14 +515,14 @@ class SpotCheckpoint(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"mlflow_run_id": self.mlflow_run_id, "interruptions": self.interruptions,
-                "drills_fired": sorted(self.drills_fired)}
+                "drills_fired": sorted(self.drill.fired)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # the run this fit logs to (set in setup) wins: a checkpoint of another run never names this one's records
         self.mlflow_run_id = self.mlflow_run_id or state_dict.get("mlflow_run_id")
         self.interruptions = int(state_dict.get("interruptions", 0))
-        self.drills_fired = set(state_dict.get("drills_fired", []))
+        self.drill.fired = set(state_dict.get("drills_fired", []))
 
     @override
     def teardown(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:

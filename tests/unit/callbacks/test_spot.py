@@ -333,7 +333,7 @@ def test_auto_interval_is_dalys_optimum_for_the_measured_save(caplog: pytest.Log
 
     per_hour = 1 - math.exp(-1 / 24)  # one interruption a day on average: MTBF 24 h
     spot = SpotCheckpoint(every_minutes="auto", interruption_rate=per_hour)
-    with caplog.at_level(logging.WARNING, logger="callbacks.spot"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.utils.save_schedule"):
         spot._choose_interval(_StubRankZero(), save_cost_s=300.0)  # a 5-minute save
     assert spot.interval_s is not None
     assert spot.interval_s / 60 == pytest.approx(116.7, abs=0.05)  # Daly's published case
@@ -345,8 +345,8 @@ def test_fixed_interval_far_from_optimum_warns(caplog: pytest.LogCaptureFixture)
     import math
 
     spot = SpotCheckpoint(every_minutes=10, interruption_rate=1 - math.exp(-1 / 24))
-    with caplog.at_level(logging.WARNING, logger="callbacks.spot"):
-        spot._choose_interval(_StubTrainer(), save_cost_s=300.0)
+    with caplog.at_level(logging.WARNING, logger="callbacks.utils.save_schedule"):
+        spot._choose_interval(_StubRankZero(), save_cost_s=300.0)
     assert spot.interval_s == 600.0  # a fixed interval is kept
     assert "more than 2x away from Daly's optimum of 116.7 min" in caplog.text
 
@@ -484,12 +484,13 @@ def test_auto_interval_in_a_real_trainer_comes_from_the_measured_save(tmp_path: 
     io = _SlowSaveIO(clock, save_s=300.0)
     spot = SpotCheckpoint(every_minutes="auto", interruption_rate=1 - math.exp(-1 / 24), dirpath=str(tmp_path / "ck"),
                           keep=10, signals=[])
+    spot.schedule.clock = clock.monotonic  # the save schedule's clock is the same patched one
     logger = RecordingLogger()
     trainer = pl.Trainer(default_root_dir=tmp_path, max_epochs=2, callbacks=[_Tick(clock, 1000.0), spot],
                          plugins=[io], logger=logger, enable_progress_bar=False, enable_model_summary=False,
                          enable_checkpointing=False, accelerator="cpu", devices=1, limit_val_batches=0)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(40, 2)), batch_size=2)
-    with caplog.at_level(logging.WARNING, logger="callbacks.spot"):
+    with caplog.at_level(logging.WARNING, logger="callbacks.utils.save_schedule"):
         trainer.fit(_TinyRegression(), train_dataloaders=data)
 
     d, m = 300.0, 24 * 3600.0
@@ -500,7 +501,7 @@ def test_auto_interval_in_a_real_trainer_comes_from_the_measured_save(tmp_path: 
     (logged,) = [m for _, m in logger.calls if "spot/interval_s" in m]  # chosen once, from the first save
     assert logged["spot/save_cost_s"] == 300.0
     assert logged["spot/interval_s"] == logged["spot/optimal_interval_s"] == pytest.approx(daly, rel=1e-12)
-    assert [r.getMessage() for r in caplog.records if r.name == "callbacks.spot"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "callbacks.utils.save_schedule"] == [
         "SpotCheckpoint(every_minutes='auto'): saving every 116.7 min (Daly's optimum for a 300.00 s save and a "
         "24.0 h MTBF)."]
 
