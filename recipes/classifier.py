@@ -26,6 +26,7 @@ from typing_extensions import override
 
 from callbacks.analysis.decision_cost import CostMatrixError, load_cost_matrix
 from recipes.metrics import ExpectedCost
+from recipes.run.errors import check_optimizer
 
 #: Where a relative cost-matrix path is looked up after the working directory (the shipped configs name
 #: ``configs/costs/...`` relative to the repository).
@@ -98,8 +99,10 @@ class ImageClassifier(pl.LightningModule):
     ``val/expected_cost`` (argmax decisions), ``val/bayes_expected_cost`` (Bayes decisions) per epoch.
 
     Raises:
-        ValueError: fewer than 2 classes; a cost matrix of the wrong shape, with a negative, non-finite
-            or non-numeric entry, or a missing file (the message names the value).
+        ValueError: fewer than 2 classes; a small CNN's ``width`` or ``in_channels`` below 1 or ``dropout``
+            outside [0, 1); a value the optimizer or the LR scheduler refuses (a negative learning rate);
+            a cost matrix of the wrong shape, with a negative, non-finite or non-numeric entry, or a missing
+            file (the message names the value).
 
     Example::
 
@@ -123,6 +126,11 @@ class ImageClassifier(pl.LightningModule):
         super().__init__()
         if num_classes < 2:
             raise ValueError(f"ImageClassifier(num_classes={num_classes!r}) needs at least 2 classes.")
+        for name, value in (("in_channels", in_channels), ("width", width)):
+            if value < 1:
+                raise ValueError(f"ImageClassifier({name}={value!r}) must be >= 1.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"ImageClassifier(dropout={dropout!r}) must lie in [0, 1).")
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"], logger=False)
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
@@ -145,6 +153,14 @@ class ImageClassifier(pl.LightningModule):
         self.register_buffer("cost_matrix", torch.as_tensor(matrix.costs, dtype=torch.float64), persistent=False)
         self.val_cost = ExpectedCost(matrix.costs, "argmax")
         self.val_bayes_cost = ExpectedCost(matrix.costs, "bayes")
+        check_optimizer("ImageClassifier", lambda: self._optimizers(self.parameters()))
+
+    def _optimizers(self, params: Any) -> Any:
+        """The configured optimizer over ``params``, with its LR scheduler if one is configured."""
+        optimizer = self.optimizer_factory(params)
+        if self.scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
 
     @override
     def setup(self, stage: str) -> None:
@@ -200,7 +216,4 @@ class ImageClassifier(pl.LightningModule):
 
     @override
     def configure_optimizers(self) -> Any:
-        optimizer = self.optimizer_factory(self.parameters())
-        if self.scheduler_factory is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
+        return self._optimizers(self.parameters())

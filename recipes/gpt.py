@@ -44,6 +44,8 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from typing_extensions import override
 
+from recipes.run.errors import check_optimizer
+
 LN2 = math.log(2.0)
 
 
@@ -161,7 +163,8 @@ class GPT(pl.LightningModule):
         compile: ``torch.compile`` each block (after sharding, when sharded).
 
     Raises:
-        ValueError: when ``n_head`` does not divide ``n_embd`` or a size is not positive.
+        ValueError: when ``n_head`` does not divide ``n_embd``, a size is not positive, or the optimizer refuses
+            a value (a negative learning rate).
 
     Example::
 
@@ -201,6 +204,7 @@ class GPT(pl.LightningModule):
         self.transformer = Transformer(vocab_size, block_size, n_layer, n_head, n_embd, dropout)
         #: FLOPs of the latest batch (training: forward + backward; validation: forward), for ThroughputMonitor.
         self.flops_per_batch: int | None = None
+        check_optimizer("GPT", lambda: self.optimizer_factory(self._param_groups()))
 
     # ----------------------------------------------------------------- sizes
     def num_params(self, exclude_position_embedding: bool = True) -> int:
@@ -274,14 +278,18 @@ class GPT(pl.LightningModule):
         self.log("val/bpb", bits_per_byte(loss), batch_size=x.size(0), sync_dist=True, prog_bar=True)
 
     # ------------------------------------------------------------ optimizer
-    @override
-    def configure_optimizers(self) -> Any:
+    def _param_groups(self) -> list[dict[str, Any]]:
+        """Matrices and the token embedding decay; biases, norms and the position embedding do not."""
         decay, no_decay = [], []
         for name, param in self.transformer.named_parameters():
             if not param.requires_grad:
                 continue
             (decay if param.dim() >= 2 and not name.startswith("wpe.") else no_decay).append(param)
-        optimizer = self.optimizer_factory([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
+        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    @override
+    def configure_optimizers(self) -> Any:
+        optimizer = self.optimizer_factory(self._param_groups())
         hp = self.hparams
         total = hp.decay_steps if hp.decay_steps is not None else int(self.trainer.estimated_stepping_batches)
         schedule: Callable[[int], float] = partial(lr_factor, warmup_steps=hp.warmup_steps,

@@ -66,6 +66,7 @@ from recipes.run.context import (
     RunContext,
     check_location,
     check_name,
+    check_trainer_values,
     default_run_name,
     flatten,
     global_rank_from_env,
@@ -236,6 +237,7 @@ class AtscaleCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config
         check_devices(cfg.trainer, bool(cfg.get("oversubscribe")))
+        check_trainer_values(cfg.trainer)
         apply_cpu_threads(cfg.get("cpu_threads", "auto"))
         experiment = cfg.experiment
         inherited = os.environ.get(ENV_RUN_NAME) if launched_by_parent() else None
@@ -274,7 +276,7 @@ class AtscaleCLI(LightningCLI):
                 # a checkpoint of another run names
                 run_id = mlflow_run_of(client, self.context, ckpt_path, run_id, explicit=bool(cfg.ckpt_path))
                 if run_id:
-                    self._refuse_ignored_changes(client, run_id, cfg)
+                    run_id = self._refuse_ignored_changes(client, run_id, cfg, ckpt_path)
                     if ckpt_path and not cfg.ckpt_path:
                         self._stop_if_complete(client, run_id, cfg, ckpt_path)
             self.context.ckpt_path, self.context.mlflow_run_id = ckpt_path, run_id
@@ -290,6 +292,15 @@ class AtscaleCLI(LightningCLI):
             self.save_config_kwargs = {**self.save_config_kwargs, "run_dir": str(run_dir)}
         except BaseException:
             self._release_lock()  # refused or failed at start-up: an in-process caller may launch it again
+            raise
+
+    def instantiate_classes(self) -> None:
+        """Lightning's, and a class that refuses its values at construction (a model's, an optimizer's, the
+        trainer's own checks) lets go of the run: its lock and the folders made for it go, nothing is left."""
+        try:
+            super().instantiate_classes()
+        except BaseException:
+            self._release_lock()
             raise
 
     def _lock_run(self, ctx: RunContext, runs_root: str) -> None:
@@ -312,19 +323,32 @@ class AtscaleCLI(LightningCLI):
             self.lock.release()
             self.lock = None
 
-    def _refuse_ignored_changes(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace) -> None:
-        """Stop a resume whose config changes something the restored training state would override."""
+    def _refuse_ignored_changes(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace,
+                                ckpt_path: str | None) -> str | None:
+        """Stop a resume whose config changes something the restored training state would override; returns the
+        MLflow run this launch continues.
+
+        Without a checkpoint there is no training state to keep: a first launch that failed before its first
+        checkpoint (a bug, a value no check caught) never blocks the corrected one, which opens a new MLflow run
+        (the failed one keeps the params it ran with; MLflow never changes a logged param).
+        """
         try:
             logged = client.get_run(run_id).data.params
         except mlflow.exceptions.MlflowException:
-            return  # a run id from a checkpoint of another store: nothing to compare
+            return run_id  # a run id from a checkpoint of another store: nothing to compare
         refused = refused_changes(logged, flatten(cfg))
+        if refused and not ckpt_path:
+            log.warning("MLflow run %s of %s/%s ended before its first checkpoint with another config (%s): this "
+                        "launch starts the run over in a new MLflow run.", run_id, cfg.experiment,
+                        self.context.run_name if self.context else "", ", ".join(k for k, _, _ in refused))
+            return None
         if refused:
             changes = ", ".join(f"{k} ({old} -> {new})" for k, old, new in refused)
             raise UsageError(f"run {cfg.experiment}/{self.context.run_name if self.context else ''} was started with "
                              f"another config; resuming would keep the checkpoint's training state and ignore: "
                              f"{changes}. Relaunch with the original values, or start over with --fresh true or a "
                              "new --run_name.")
+        return run_id
 
     def _stop_if_complete(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace, ckpt_path: str) -> None:
         """A FINISHED run relaunched with the same length of training has nothing to do: say so instead of resuming."""

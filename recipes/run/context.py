@@ -125,6 +125,27 @@ def check_location(flag: str, value: object) -> None:
                          "AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS), not in the URL.")
 
 
+#: Trainer arguments Lightning takes at construction and divides by once training runs (a ZeroDivisionError at the
+#: first step or epoch): as integers they count batches or epochs and must be >= 1.
+TRAINER_COUNTS = {
+    "val_check_interval": "validate every N training batches (or a float in (0, 1]: a fraction of the epoch)",
+    "check_val_every_n_epoch": "validate every N epochs (or null: by val_check_interval alone)",
+    "accumulate_grad_batches": "step the optimizer every N batches",
+}
+
+
+def check_trainer_values(trainer: Any) -> None:
+    """Refuse (:class:`UsageError`, naming the key and value) trainer counts Lightning accepts but divides by.
+
+    Lightning 2.6 checks most trainer arguments when the Trainer is built; these three it takes as they are and
+    fails on in the middle of the first epoch, after the run was opened.
+    """
+    for key, meaning in TRAINER_COUNTS.items():
+        value = trainer.get(key) if trainer is not None else None
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise UsageError(f"trainer.{key}={value} must be >= 1 ({meaning}).")
+
+
 def global_rank_from_env() -> int:
     """This process's rank as the launcher (torchrun, SLURM, Lightning) announced it; 0 if none."""
     for key in ("RANK", "SLURM_PROCID"):

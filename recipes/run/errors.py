@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import errno
 import re
+from collections.abc import Callable
+from typing import Any
 
 #: Errors of the machine rather than of the input: reported in one line, exit code 1.
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO}
@@ -75,3 +77,23 @@ def lost_peer(err: BaseException) -> str | None:
             return f"{match['what']} at {addr}:{port}" if addr else match["what"]
         current = current.__cause__ or current.__context__
     return None
+
+
+def check_optimizer(owner: str, build: Callable[[], Any]) -> None:
+    """Build a module's configured optimizer (and scheduler) once and drop it, so that their own checks refuse a
+    bad value (``Invalid learning rate: -1.0``) when the module is built, before any run is opened.
+
+    Lightning builds them in ``configure_optimizers``, inside ``trainer.fit``: a bad value there failed a run
+    already opened and recorded. Only the optimizer's ``ValueError`` (its check of a value) is a refusal; any
+    other failure (an optimizer that wants the parameters on the device the trainer moves them to) is left to
+    the real construction.
+
+    Raises:
+        ValueError: ``"<owner>'s optimizer: <the optimizer's message>"``.
+    """
+    try:
+        build()
+    except ValueError as err:
+        raise ValueError(f"{owner}'s optimizer: {err}") from None
+    except Exception:  # not a value the optimizer refused: the real construction decides
+        pass

@@ -5,7 +5,8 @@
   (HTTP basic auth), a lone ``TOKEN@`` to ``MLFLOW_TRACKING_TOKEN`` (a bearer token), so the URI can be
   logged and printed.
 - :func:`check_server`: an HTTP server answers its health endpoint, a database store (PostgreSQL, MySQL,
-  ...) answers a query; else one line naming the store, its password masked.
+  ...) answers a query, a sqlite store's folder exists, any other store opens; else one line naming the store,
+  its password masked.
 - :func:`ensure_store`: a new sqlite store is created and migrated under a temporary name and then
   linked into place, so concurrent first launches do not race in MLflow's schema migration and a kill
   at any moment leaves either no store or a complete one (MLflow migrates a new store in place, and
@@ -148,13 +149,46 @@ def check_database(uri: str, timeout: float = 5.0) -> None:
                             "start the database or fix MLFLOW_TRACKING_URI.") from None
 
 
+def check_local_store(uri: str) -> None:
+    """Fail early (one line naming the store) when a store that is not a server cannot be opened as configured.
+
+    A sqlite store's folder must exist: MLflow would create any missing folders, wherever a mistyped URI
+    points (``sqlite:////nonexistent/dir/x.db`` made ``/nonexistent/dir``). Any other store (``file:``, a
+    scheme MLflow does not know, a plugin's) is opened once: whatever MLflow refuses it with, by any exception,
+    is said in one line before a run is opened, not as a traceback from the middle of the launch.
+    """
+    db = sqlite_path(uri)
+    if db is not None:
+        folder = db.parent
+        if not folder.is_dir():
+            raise TrackingError(f"MLflow tracking store {redact(uri)}: folder {folder} does not exist; create it or "
+                                "fix MLFLOW_TRACKING_URI.")
+        if db.is_dir():
+            raise TrackingError(f"MLflow tracking store {redact(uri)}: {db} is a folder, not a database file; fix "
+                                "MLFLOW_TRACKING_URI.")
+        return
+    if uri.startswith("sqlite:"):  # in-memory sqlite: MLflow's own business
+        return
+    import mlflow
+
+    try:
+        mlflow.MlflowClient(tracking_uri=uri)  # builds the store: an unknown scheme, a refused file store
+    except Exception as err:  # MLflow's own refusals (MlflowException), a missing registry entry (KeyError), OSError
+        reason = " ".join(redact(str(err)).split()).split(". ", 1)[0][:300] or type(err).__name__
+        raise TrackingError(f"MLflow tracking store {redact(uri)} cannot be used ({type(err).__name__}: {reason}); "
+                            "set MLFLOW_TRACKING_URI to sqlite:///mlflow.db, a database or an http(s):// "
+                            "server.") from None
+
+
 def check_server(uri: str, timeout: float = 5.0) -> None:
     """Fail early when an HTTP tracking server does not answer its health endpoint (with basic auth or the
-    bearer token if set), or a database store does not answer a query."""
+    bearer token if set), a database store does not answer a query, or a local store cannot be opened
+    (:func:`check_local_store`)."""
     if uri.split(":", 1)[0].split("+", 1)[0] in DATABASE_SCHEMES:
         check_database(uri)
         return
     if not uri.startswith(("http://", "https://")):
+        check_local_store(uri)
         return
     request = urllib.request.Request(f"{uri.rstrip('/')}/health")
     user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
