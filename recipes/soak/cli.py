@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from recipes.run.common import USAGE_EXIT_CODE
-from recipes.soak.faults import KINDS, STORE_KINDS, PlannedFault, plan_faults
+from recipes.soak.faults import KINDS, RANK_KINDS, STORE_KINDS, PlannedFault, plan_faults
 from recipes.soak.observe import observer_pool
 from recipes.soak.report import build_report, print_report
 from recipes.soak.soak import Soak
@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every random choice")
     parser.add_argument("--kinds", default=None,
                         help=f"comma-separated fault kinds (default: all of {', '.join(KINDS)}; "
-                             f"{', '.join(STORE_KINDS)} only with --store s3)")
+                             f"{', '.join(STORE_KINDS)} only with --store s3, {', '.join(RANK_KINDS)} only with "
+                             "--ddp)")
     parser.add_argument("--store", default="local", choices=STORES,
                         help="where the run root is: a local directory, or (s3) a bucket of moto's S3 server on "
                              "127.0.0.1 behind a proxy the soak can take down (needs moto[server] and s3fs)")
@@ -75,13 +76,16 @@ def validate(args: argparse.Namespace) -> str | None:
     """The first problem with the options, or None; normalises ``args.kinds`` to a tuple."""
     store = getattr(args, "store", "local")
     if args.kinds is None:
-        args.kinds = ",".join(k for k in KINDS if store == "s3" or k not in STORE_KINDS)
+        args.kinds = ",".join(k for k in KINDS if (store == "s3" or k not in STORE_KINDS)
+                              and (args.ddp or k not in RANK_KINDS))
     kinds = tuple(k.strip() for k in str(args.kinds).split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
         return f"--kinds {args.kinds}: unknown {unknown or 'empty'}; known: {', '.join(KINDS)}"
     if store != "s3" and (need := [k for k in kinds if k in STORE_KINDS]):
         return f"--kinds {args.kinds}: {', '.join(need)} needs --store s3"
+    if not args.ddp and (need := [k for k in kinds if k in RANK_KINDS]):
+        return f"--kinds {args.kinds}: {', '.join(need)} needs --ddp"
     args.kinds = kinds
     if store == "s3":
         import importlib.util

@@ -32,6 +32,14 @@ and the steps it has left):
   SIGTERM half-way (the notice save uploads into the outage); then the bucket comes back and the launch is
   waited for (exit 0, 75, or 2 with one ``error:`` line when the bucket was down at its start; no traceback).
 
+- ``skewed_rank`` (``--ddp`` only): the launch saves every 0.12 s of rank 0's clock (``--spot.every_minutes
+  0.002``) while rank 1 is stopped for 20 ms of every 50 (SIGSTOP/SIGCONT from the soak): its clock lags and
+  jumps as a busy machine's does; at the moment the group gets a SIGTERM. Ranks that decided timed saves from
+  their own clocks hung here (``clean_exit``: no launch hangs).
+- ``frozen_rank`` (``--ddp`` only): at the moment rank 1 is frozen (SIGSTOP) and, 2 s later, the launching
+  process alone gets a SIGTERM (``--spot.notice_grace_s 5``): the watchdog must end the whole process group
+  within the grace plus 15 s, with exit 75 and one ``atscale: hang:`` line naming rank 1 (``clean_exit``).
+
 With ``--store s3`` every other kind runs on the object-storage run too (the staging directory is local), the
 expected resume point is what the CLI picks between the bucket and the staging directory, and two more checks
 apply: ``pointer_complete`` after every launch, and ``bitwise_equal`` on what the bucket's pointer names.
@@ -77,9 +85,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double_launch", "bucket_outage")
+KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double_launch", "bucket_outage",
+         "skewed_rank", "frozen_rank")
 #: Kinds that need an object-storage run root (``--store s3``).
 STORE_KINDS = ("bucket_outage",)
+#: Kinds that need several ranks (``--ddp``).
+RANK_KINDS = ("skewed_rank", "frozen_rank")
 INVARIANTS = ("finished", "bitwise_equal", "one_mlflow_run", "no_run_left_running", "resumed_from_newest",
               "no_checkpoint_lost", "clean_exit", "double_launch_refused", "store_usable", "pointer_complete")
 CORRUPTED = {"truncate": "truncated", "flip": "byte-flipped"}
@@ -116,7 +127,7 @@ def plan_faults(n: int, kinds: Sequence[str], seed: int) -> list[PlannedFault]:
         phase = rng.choice(("startup", "early", "training"))
         u, sig, mode, explicit, cut = (rng.random(), rng.choice(("SIGKILL", "SIGTERM")),
                                        rng.choice(("truncate", "flip")), rng.random() < 1 / 3, rng.random())
-        if kind in ("corrupt", "double_launch"):
+        if kind in ("corrupt", "double_launch", *RANK_KINDS):
             phase = "training"  # the launch must get as far as deciding (skip, refuse) before it is stopped
         plan.append(PlannedFault(kind, phase, u, sig, mode, explicit, cut))
     return plan

@@ -431,6 +431,84 @@ class Soak:
                        f"{'both ran' if not refused else 'both refused'}")
         return pair
 
+    @staticmethod
+    def rank_pid(launch: Launch, rank: int = 1) -> int | None:
+        """The pid of the rank Lightning's launcher started as ``rank`` (a child of the launching process)."""
+        import psutil
+
+        assert launch.proc is not None
+        for child in psutil.Process(launch.proc.pid).children():
+            try:
+                if child.environ().get("LOCAL_RANK") == str(rank):
+                    return child.pid
+            except psutil.Error:
+                continue
+        return None
+
+    def fault_skew(self, fault: Fault, plan: PlannedFault) -> list[Launch]:
+        launch = self.start(fault.run_name, fault.kind, ["--spot.every_minutes", "0.002"])
+        done = threading.Event()
+
+        def skew() -> None:  # rank 1 stopped 20 ms of every 50 until the moment
+            while not done.is_set() and launch.alive():
+                pid = self.rank_pid(launch)
+                if pid is None:
+                    done.wait(0.05)
+                    continue
+                while not done.is_set() and launch.alive():
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                        time.sleep(0.02)
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        return
+                    done.wait(0.03)
+
+        skewer = threading.Thread(target=skew, daemon=True)
+        skewer.start()
+
+        def stop() -> None:
+            done.set()
+            skewer.join()
+            launch.send(signal.SIGTERM)
+
+        self.strike(fault, [launch], self.moment(plan, [launch]), stop)
+        done.set()
+        skewer.join()
+        return [self.end(launch, self.args.launch_timeout)]
+
+    def fault_freeze(self, fault: Fault, plan: PlannedFault) -> list[Launch]:
+        grace_s = 5.0
+        launch = self.start(fault.run_name, fault.kind, ["--spot.notice_grace_s", str(grace_s)])
+
+        def freeze() -> None:
+            pid = self.rank_pid(launch)
+            if pid is None:
+                fault.struck = False
+                return
+            os.kill(pid, signal.SIGSTOP)
+            fault.detail["frozen_pid"] = pid
+            time.sleep(2.0)  # rank 0 waits in a collective by now
+            if launch.alive():
+                assert launch.proc is not None
+                os.kill(launch.proc.pid, signal.SIGTERM)  # the launching process alone, as a supervisor would
+                launch.signals.append(["SIGTERM", round(launch.elapsed(), 3)])
+                fault.detail["sigterm_at_s"] = round(launch.elapsed(), 3)
+
+        self.strike(fault, [launch], self.moment(plan, [launch]), freeze)
+        ended = self.end(launch, self.args.launch_timeout)
+        sent = fault.detail.get("sigterm_at_s")
+        if sent is not None and ended.exit_code == REQUEUE_EXIT_CODE:
+            took = ended.wall_s - sent if ended.wall_s is not None else None
+            fault.detail["notice_to_gone_s"] = took
+            if took is not None and took > grace_s + 15:
+                fault.fail("clean_exit", f"the hung job took {took:.1f} s to end after the SIGTERM "
+                                         f"(notice_grace_s {grace_s:.0f} + 15)")
+            if "rank(s) 1 stopped answering" not in ended.stderr():
+                fault.fail("clean_exit", "the hung job ended without an 'atscale: hang:' line naming rank 1: "
+                                         f"{last_error(ended.stderr())}")
+        return [ended]
+
     def fault_outage(self, fault: Fault, plan: PlannedFault) -> list[Launch]:
         """The bucket fails every request for 2-10 s from the planned moment, then comes back.
 
@@ -551,7 +629,8 @@ class Soak:
         sigterm = {REQUEUE_EXIT_CODE, -signal.SIGTERM, 0}
         return {"sigterm": sigterm, "corrupt": sigterm, "double_launch": sigterm | {USAGE_EXIT_CODE},
                 "sigkill": {-signal.SIGKILL, 0}, "new_store_kill": sigterm | {-signal.SIGKILL},
-                "bucket_outage": sigterm | {USAGE_EXIT_CODE}}.get(fault.kind, set())
+                "bucket_outage": sigterm | {USAGE_EXIT_CODE}, "skewed_rank": sigterm,
+                "frozen_rank": {REQUEUE_EXIT_CODE, 0}}.get(fault.kind, set())
 
     def inject(self, index: int, plan: PlannedFault) -> Fault:
         run = self.runs[-1]
@@ -574,6 +653,10 @@ class Soak:
             launches = self.fault_double(fault, plan)
         elif plan.kind == "bucket_outage":
             launches = self.fault_outage(fault, plan)
+        elif plan.kind == "skewed_rank":
+            launches = self.fault_skew(fault, plan)
+        elif plan.kind == "frozen_rank":
+            launches = self.fault_freeze(fault, plan)
         else:
             raise ValueError(plan.kind)
         struck = [x for x in launches if x.label not in ("corrupt-setup", "corrupt-explicit")]

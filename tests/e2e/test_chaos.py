@@ -31,11 +31,12 @@ KIND_KEYS = {"count", "struck", "held", "failed", "lost_steps_mean", "lost_steps
 
 
 def test_plan_is_seeded_and_covers_every_kind() -> None:
-    plan = plan_faults(8, KINDS, seed=5)
-    assert plan == plan_faults(8, KINDS, seed=5)
+    plan = plan_faults(len(KINDS) + 1, KINDS, seed=5)
+    assert plan == plan_faults(len(KINDS) + 1, KINDS, seed=5)
     assert plan[0].kind == "new_store_kill" and {p.kind for p in plan} == set(KINDS)
     assert [p.kind for p in plan[1:]].count("new_store_kill") == 0
-    assert all(p.phase == "training" for p in plan if p.kind in ("corrupt", "double_launch"))
+    assert all(p.phase == "training" for p in plan
+               if p.kind in ("corrupt", "double_launch", "skewed_rank", "frozen_rank"))
     quick = plan_faults(3, ("sigterm", "sigkill", "corrupt"), SEED)
     assert [(p.kind, p.phase) for p in quick] == [("sigterm", "training"), ("sigkill", "training"),
                                                   ("corrupt", "training")]
@@ -188,6 +189,12 @@ def test_bucket_outage_needs_an_object_store(capsys: pytest.CaptureFixture) -> N
     (outage,) = plan_faults(1, ("bucket_outage",), 10)  # the e2e soak's: cut connections 8.51 s, SIGTERM inside
     assert (outage.phase, outage.corrupt_mode, round(2 + 8 * outage.cut, 2), outage.explicit) == (
         "training", "truncate", 8.51, True)
+
+
+@pytest.mark.parametrize("kind", ["skewed_rank", "frozen_rank"])
+def test_rank_faults_need_several_ranks(kind: str, capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["chaos", "--faults", "1", "--kinds", kind]) == 2
+    assert capsys.readouterr().err == f"error: --kinds {kind}: {kind} needs --ddp\n"
 
 
 @pytest.mark.e2e
