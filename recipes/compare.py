@@ -41,6 +41,7 @@ from recipes.run.common import (
     LINEAR_BASELINE_KEY,
     ArgumentParser,
     UsageError,
+    check_output_file,
     check_tracking_server,
     get_experiment,
     parse_or_exit,
@@ -494,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compare_and_show(args: argparse.Namespace) -> int:
+    if args.plot:  # before the table: a plot that cannot be written is bad input, not a traceback after it
+        check_output_file("--plot", args.plot)
     uri = tracking_uri()
     check_tracking_server(uri)
     client = mlflow.MlflowClient(tracking_uri=uri)

@@ -129,7 +129,17 @@ from recipes.planning.runs import (
     resolve_run,
     tracking_client,
 )
-from recipes.run.common import SERIAL_KEY, ArgumentParser, UsageError, human_duration, parse_or_exit, positive_ints
+from recipes.run.common import (
+    SERIAL_KEY,
+    ArgumentParser,
+    UsageError,
+    check_output_file,
+    human_duration,
+    os_error_line,
+    parse_or_exit,
+    positive_ints,
+    run_main,
+)
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -322,11 +332,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["batch"]:  # which batch size: batch_main below
         return batch_main(argv[1:])
     args = parse_or_exit(_parser(), argv)
+    return run_main(lambda: _plan_main(args))  # a file that cannot be written: one line (run_main)
+
+
+def _plan_main(args: argparse.Namespace) -> int:
     try:
+        if args.plot:  # before the table: a plot that cannot be written is bad input, not a traceback after it
+            check_output_file("--plot", args.plot)
         inputs, source, rate_source = _inputs_from_args(args)
     except (KeyError, ValueError, FileNotFoundError, UsageError) as err:
-        message = err.args[0] if err.args else str(err)
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     try:
         result = plan(inputs)
@@ -353,6 +368,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.json:
             print(f"wrote {written}")
     return 0 if result.feasible else 1
+
+
+def _one_line(err: Exception) -> str:
+    """The message of a refusal: a ``KeyError``'s or ``ValueError``'s text, an ``OSError``'s file and reason."""
+    if isinstance(err, OSError):
+        return os_error_line(err)
+    return str(err.args[0]) if err.args else str(err)
 
 
 # ------------------------------------------------------------------------ python -m recipes.plan batch
@@ -424,6 +446,8 @@ def _batch_parser() -> argparse.ArgumentParser:
 
 
 def _batch_main(args: argparse.Namespace) -> int:
+    if args.plot:  # before any table or training run
+        check_output_file("--plot", args.plot)
     targets = [_target(t) for t in args.target.split(",")] if args.target else []
     target = targets[-1] if targets else None
     batches = positive_ints("--batches", args.batches, "16,32,64") if args.batches else None
@@ -532,16 +556,18 @@ def _batch_main(args: argparse.Namespace) -> int:
 
 def batch_main(argv: Sequence[str] | None = None) -> int:
     """``python -m recipes.plan batch ...``: 0 with a plan; 1 (``--validate``) when rankings differ; 2 on bad input."""
-    try:
-        args = _batch_parser().parse_args(argv)
-        return _batch_main(args)
-    except (UsageError, ValueError, KeyError, FileNotFoundError) as err:
-        message = err.args[0] if err.args else str(err)
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-    except RuntimeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    def body() -> int:
+        try:
+            args = _batch_parser().parse_args(argv)
+            return _batch_main(args)
+        except (UsageError, ValueError, KeyError, FileNotFoundError) as err:
+            print(f"error: {_one_line(err)}", file=sys.stderr)
+            return 2
+        except RuntimeError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+
+    return run_main(body)  # a file that cannot be written (say the plot's folder, removed since the check): one line
 
 
 if __name__ == "__main__":

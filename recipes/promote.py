@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass
 
@@ -47,7 +48,7 @@ from recipes.run.common import (
     tracking_uri,
 )
 
-__all__ = ["Promotion", "Refused", "best_run", "check_baseline", "check_baseline_kind", "find_sweep",
+__all__ = ["Promotion", "Refused", "best_run", "check_baseline", "check_baseline_kind", "check_names", "find_sweep",
            "logged_model_uri", "main", "promote", "runs_with_metric", "sweep_trials"]
 
 REFUSED_EXIT_CODE = 1
@@ -227,6 +228,28 @@ def promote(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
                      model_uri=model_uri, previous_version=previous)
 
 
+#: A registered model's name here: it goes into ``models:/<name>@<alias>`` URIs and the shell commands this tool
+#: prints, so one plain word (MLflow itself refuses only '/' and ':').
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: An alias: MLflow's rule (word characters and '-', at most 255), in ASCII; 'latest' and 'v<N>' are MLflow's own.
+ALIAS_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}")
+
+
+def check_names(name: str | None, alias: str) -> None:
+    """Refuse (:class:`UsageError`, naming the value) a model name or alias before anything is registered.
+
+    MLflow checks the alias only when it sets it, after the new version was registered: a bad alias left a
+    version behind without it.
+    """
+    if name is not None and not MODEL_NAME.fullmatch(name):
+        raise UsageError(f"--name {name!r}: a registered model's name here is 1-128 letters, digits and . _ -, "
+                         "starting with a letter or digit.")
+    if not ALIAS_NAME.fullmatch(alias):
+        raise UsageError(f"--alias {alias!r}: an alias is 1-255 letters, digits, '_' and '-'.")
+    if alias.lower() == "latest" or re.fullmatch(r"[vV]\d+", alias):
+        raise UsageError(f"--alias {alias!r} is reserved by MLflow ('latest' and version names like 'v3').")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m recipes.promote", description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default=None, help="MLflow experiment name (required unless --sweep).")
@@ -251,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_EXIT_CODE
     uri = tracking_uri()
     try:
+        check_names(args.name, args.alias)
         check_tracking_server(uri)
         mlflow.set_tracking_uri(uri)
         client = mlflow.MlflowClient(uri)
@@ -271,6 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as err:
         print(f"refused: {err}", file=sys.stderr)
         return REFUSED_EXIT_CODE
+    except MlflowException as err:  # a value MLflow refuses (say an experiment name it takes for no model's)
+        if err.error_code != "INVALID_PARAMETER_VALUE":
+            raise
+        print(f"error: {' '.join(err.message.split())}", file=sys.stderr)
+        return USAGE_EXIT_CODE
     if args.json:
         print(json.dumps({**asdict(result), "load_uri": result.load_uri}, indent=2))
         return 0

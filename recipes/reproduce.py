@@ -198,6 +198,8 @@ def parse_record(config: dict[str, Any]) -> Any:
 
     record = {k: v for k, v in config.items() if k != "config"}
     record["ckpt_path"] = None  # nothing of the record's is loaded here
+    # the parser is given the record: this tool's own command line is not for it (LightningCLI warns with it, whole)
+    argv, sys.argv = sys.argv, sys.argv[:1]
     try:
         _RecordParser(args=record, parser_kwargs={"exit_on_error": False})
     except _Parsed as parsed:
@@ -205,6 +207,8 @@ def parse_record(config: dict[str, Any]) -> Any:
     except (argparse.ArgumentError, TypeError, ValueError) as err:
         raise UsageError(f"the record's config.yaml does not parse as a recipes.fit config: "
                          f"{parse_error_message(str(err))}") from None
+    finally:
+        sys.argv = argv
     raise UsageError("the record's config.yaml did not reach the parser's end")  # pragma: no cover
 
 

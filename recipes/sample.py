@@ -7,8 +7,8 @@ raw bytes (a byte-level model may emit invalid UTF-8; the terminal shows what it
     python -m recipes.sample --ckpt runs/gpt/<run_name>/checkpoints/<best>.ckpt --prompt "def " \\
         --max-new-bytes 200 --temperature 0.8 --top-k 50 --seed 0
 
-Exit codes: 0 done, 2 bad input (a missing checkpoint, a bad option, a checkpoint that would run code
-or is not one).
+Exit codes: 0 done, 2 bad input (a missing checkpoint, a bad option, a device that does not run here, a
+prompt that is not UTF-8, a checkpoint that would run code or is not a GPT's).
 
 A checkpoint may come from anywhere: nothing in it is run. A file is loaded weights-only; a
 directory's ``.metadata`` and non-tensor items go through ``callbacks.storage.safe_load``'s allow-lists.
@@ -17,13 +17,16 @@ directory's ``.metadata`` and non-tensor items go through ``callbacks.storage.sa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recipes.run.common import USAGE_EXIT_CODE, ArgumentParser, parse_or_exit
+from recipes.run.common import ArgumentParser, UsageError, parse_or_exit, run_main
 
 if TYPE_CHECKING:
+    import torch
+
     from recipes.gpt import GPT
 
 
@@ -33,6 +36,8 @@ def load_gpt(path: Path, map_location: str = "cpu") -> GPT:
 
     Raises:
         CheckpointRejected: the checkpoint would run code to load, or is not a checkpoint.
+        TypeError, KeyError, ValueError, RuntimeError: a checkpoint, but of another model (its hyperparameters
+            are not a GPT's, or its weights do not fit one).
     """
     from callbacks.storage import safe_load
     from recipes.gpt import GPT
@@ -61,21 +66,61 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parse_or_exit(parser, argv)
 
 
+#: The most bytes one call samples: each is a forward pass, so a mistyped count (10**12) would run for days.
+MAX_NEW_BYTES = 1 << 20
+
+
+def check_args(args: argparse.Namespace) -> bytes:
+    """The prompt's bytes, once every option is a value this command can use; :class:`UsageError` naming the one
+    that is not. Nothing is loaded before these pass."""
+    path = Path(args.ckpt)
+    if not path.exists():
+        raise UsageError(f"--ckpt {args.ckpt} does not exist.")
+    if path.is_dir() and not (path / "meta.pt").is_file():
+        raise UsageError(f"--ckpt {args.ckpt} is a directory but not a distributed checkpoint (no meta.pt in it).")
+    if args.max_new_bytes < 0 or args.top_k < 0 or args.temperature < 0:
+        raise UsageError("--max-new-bytes, --top-k and --temperature must be >= 0.")
+    if args.max_new_bytes > MAX_NEW_BYTES:
+        raise UsageError(f"--max-new-bytes {args.max_new_bytes}: at most {MAX_NEW_BYTES} ({MAX_NEW_BYTES >> 20} MiB) "
+                         "per call.")
+    if not -(1 << 63) <= args.seed < 1 << 64:
+        raise UsageError(f"--seed {args.seed}: a seed is a 64-bit integer.")
+    if not args.prompt:
+        raise UsageError("--prompt must not be empty (the model needs one byte to start from).")
+    try:
+        return args.prompt.encode()
+    except UnicodeEncodeError as err:  # bytes the locale could not decode (surrogate escapes in sys.argv)
+        raise UsageError(f"--prompt is not valid UTF-8 (byte {os.fsencode(args.prompt)[err.start]:#04x} at "
+                         f"{err.start}).") from None
+
+
+def check_device(name: str) -> torch.device:
+    """``name`` as a torch device that runs here (one tensor made and read back); :class:`UsageError` if not.
+
+    torch says what is wrong by the type of its failure: an unknown name (``RuntimeError``), a backend this
+    build or machine lacks (``RuntimeError``, ``AssertionError``, ``NotImplementedError``), a device with no
+    data (``meta``).
+    """
+    import torch
+
+    try:
+        device = torch.device(name)
+        (torch.zeros(1, device=device) + 1).cpu()
+    except (RuntimeError, AssertionError, NotImplementedError, ValueError) as err:
+        reason = " ".join(str(err).split()).split(". ")[0][:200] or type(err).__name__
+        raise UsageError(f"--device {name}: not a device that runs here ({reason}).") from None
+    return device
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_main(lambda: _sample(args))
+
+
+def _sample(args: argparse.Namespace) -> int:
     path = Path(args.ckpt)
-    problem = None
-    if not path.exists():
-        problem = f"--ckpt {args.ckpt} does not exist."
-    elif path.is_dir() and not (path / "meta.pt").is_file():
-        problem = f"--ckpt {args.ckpt} is a directory but not a distributed checkpoint (no meta.pt in it)."
-    elif args.max_new_bytes < 0 or args.top_k < 0 or args.temperature < 0:
-        problem = "--max-new-bytes, --top-k and --temperature must be >= 0."
-    elif not args.prompt:
-        problem = "--prompt must not be empty (the model needs one byte to start from)."
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return USAGE_EXIT_CODE
+    prompt_bytes = check_args(args)
+    device = check_device(args.device)
 
     import torch
 
@@ -84,11 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = load_gpt(path)
     except CheckpointRejected as err:
-        print(f"error: --ckpt {args.ckpt} cannot be loaded safely: {describe(err, path)}", file=sys.stderr)
-        return USAGE_EXIT_CODE
-    model = model.to(args.device).eval()
-    prompt = torch.tensor([list(args.prompt.encode())], dtype=torch.long, device=args.device)
-    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+        raise UsageError(f"--ckpt {args.ckpt} cannot be loaded safely: {describe(err, path)}") from None
+    except (TypeError, KeyError, ValueError, RuntimeError) as err:  # a checkpoint, but not of a GPT
+        reason = " ".join(str(err).split()).split(": ", 1)[0][:200]  # the gist, not every missing key
+        raise UsageError(f"--ckpt {args.ckpt} is not a GPT checkpoint ({type(err).__name__}: {reason}).") from None
+    model = model.to(device).eval()
+    prompt = torch.tensor([list(prompt_bytes)], dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
     out = model.generate(prompt, args.max_new_bytes, temperature=args.temperature, top_k=args.top_k or None,
                          generator=generator)
     sys.stdout.buffer.write(bytes(out[0].tolist()) + b"\n")

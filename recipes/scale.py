@@ -41,7 +41,17 @@ from typing import Any
 
 from rich.console import Console
 
-from recipes.run.common import USAGE_EXIT_CODE, ArgumentParser, UsageError
+from callbacks.storage.remote_store import is_remote
+from recipes.run.common import (
+    USAGE_EXIT_CODE,
+    ArgumentParser,
+    UsageError,
+    check_name,
+    check_output_dir,
+    os_error_exit_code,
+    os_error_line,
+)
+from recipes.run.tracking import TrackingError
 from recipes.speedup.launch import ChildFailed, run_from_csv, run_sweep
 from recipes.speedup.report import print_report
 
@@ -56,6 +66,20 @@ class _RunsRoot(argparse.Action):
         setattr(namespace, self.dest, values)
         namespace.runs_root_flag = option_string or "--runs_root"
 
+
+
+def check_places(args: argparse.Namespace) -> None:
+    """Refuse (:class:`UsageError`) where the sweep would write before it writes anything: the experiment is a name
+    inside the runs root (``../../x`` wrote its log outside it), the runs root and ``--out`` folders that take
+    files, the timeout a positive number of seconds."""
+    if args.experiment is not None:
+        check_name("--experiment", args.experiment)
+    if not is_remote(args.runs_root):
+        check_output_dir(args.runs_root_flag, args.runs_root)
+    if args.out is not None:
+        check_output_dir("--out", args.out)
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout {args.timeout:g} must be a positive number of seconds.")
 
 
 # -------------------------------------------------------------------------------- main
@@ -90,15 +114,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, extra = build_parser().parse_known_args(argv)
         if args.steps < 1 or args.warmup < 0 or (args.batch_size is not None and args.batch_size < 1):
             raise UsageError("--steps and --batch-size must be >= 1 and --warmup >= 0")
+        check_places(args)
         if args.from_csv and extra:
             raise UsageError(f"--from-csv trains nothing; unexpected arguments {' '.join(extra)}")
         quiet = Console(stderr=True) if args.json else console
         if args.json:  # only JSON on stdout: MLflow writes "View run ... at: URL" there when a server's run ends
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         result = run_from_csv(args, quiet) if args.from_csv else run_sweep(args, extra, quiet)
-    except UsageError as err:
+    except (UsageError, TrackingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT_CODE
+    except OSError as err:  # a file that cannot be read or written after the checks (a folder removed meanwhile)
+        code = os_error_exit_code(err)
+        if code is None:
+            raise
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
+        return code
     except (ChildFailed, subprocess.TimeoutExpired) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -28,7 +28,7 @@ from recipes.bench.overhead import (
     print_overhead,
 )
 from recipes.bench.runs import PIECES
-from recipes.run.common import ArgumentParser, UsageError
+from recipes.run.common import ArgumentParser, UsageError, check_output_dir, check_output_file
 from recipes.run.process import quiet_lightning_info
 from recipes.soak import cli as chaos
 
@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if getattr(args, "out", None) is not None:  # before any round: a place that takes no files is bad input
+            (check_output_file if args.command == "chaos" else check_output_dir)("--out", args.out)  # chaos: a report
         if args.command == "chaos":
             return chaos.main(args)
         if args.command == "compression":

@@ -9,29 +9,42 @@ installed.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+import os
+import re
+import secrets
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from recipes.run import tracking
 from recipes.run.compat import HelpFormatter
+from recipes.run.errors import disk_error
 
 if TYPE_CHECKING:
     import mlflow
     from mlflow.entities import Run
 
 __all__ = [
+    "NAME_PATTERN",
+    "NAME_RULE",
     "SIGINT_EXIT_CODE",
     "USAGE_EXIT_CODE",
     "ArgumentParser",
     "HelpFormatter",
     "UsageError",
+    "check_name",
+    "check_output_dir",
+    "check_output_file",
     "check_tracking_server",
     "find_run",
+    "finite_float",
     "get_experiment",
     "parse_or_exit",
     "positive_ints",
+    "redact_argv",
     "run_main",
     "tracking_uri",
 ]
@@ -80,6 +93,38 @@ class UsageError(Exception):
     """Bad input: reported as one line on stderr, exit code 2."""
 
 
+#: What a run or experiment name may be: one path component that stays where it is put (``<runs_root>/<experiment>/
+#: <run_name>``, locally and in object storage): a letter or digit, then letters, digits and ``. _ - + = @``.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,127}")
+NAME_RULE = ("one name of 1-128 letters, digits and . _ - + = @, starting with a letter or digit (no '/', no '..': "
+             "it names a directory inside the runs root)")
+
+
+def check_name(flag: str, value: object) -> str:
+    """``value`` if it is a valid run or experiment name (:data:`NAME_PATTERN`), else :class:`UsageError` naming it.
+
+    The names become directories under the runs root: ``/``, ``..``, ``.`` or an empty name would
+    write outside it, into the filesystem root or the working directory, or make the experiment's own
+    folder a run directory.
+    """
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise UsageError(f"{flag} {value!r} is not a valid name: expected {NAME_RULE}.")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """argparse's ``type=float`` in every tool: ``nan`` and ``inf`` are refused (no option means either).
+
+    A NaN passes every ``<``/``>`` check a tool makes after parsing (``nan < 0`` is False) and then poisons the
+    arithmetic (a sampler's softmax, a plan's table); an infinity overflows it. Leave the option out for
+    "no limit".
+    """
+    value = float(text)  # not a number: argparse's own "invalid float value: 'x'"
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """The argument parser of every tool but ``recipes.fit`` (which is Lightning's, jsonargparse).
 
@@ -87,14 +132,83 @@ class ArgumentParser(argparse.ArgumentParser):
     the usage; ``--help`` gives each option's default after its help (:class:`HelpFormatter`). argparse, not
     jsonargparse: ``recipes.scale`` and ``recipes.sweep`` pass the options they do not know on to
     ``recipes.fit`` (``parse_known_args``), which jsonargparse refuses by design.
+
+    Every ``type=float`` option takes finite numbers only (:func:`finite_float`). Once the command line is
+    parsed, the passwords of the URLs in ``sys.argv`` are masked (:func:`redact_argv`): a library that prints
+    ``sys.argv`` later (LightningCLI warns with it) shows none. The tools pass what they parsed on, never
+    ``sys.argv``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.register("type", float, finite_float)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, then ``sys.argv`` redacted (:func:`redact_argv`)."""
+        args = list(sys.argv[1:] if args is None else args)
+        try:
+            return super().parse_known_args(args, namespace)
+        finally:
+            redact_argv()
+
+
+def redact_argv() -> None:
+    """Mask the passwords of the URLs in ``sys.argv``, in place (``s3://AKIA:***@bucket/runs``), once it is parsed.
+
+    A library may print ``sys.argv`` whole (LightningCLI's warning when it is given ``args`` too): the secrets must
+    be gone from it before any can. The same redaction as every stored or printed text
+    (:func:`recipes.run.tracking.redact`).
+    """
+    sys.argv[1:] = [tracking.redact(arg) for arg in sys.argv[1:]]
+
+
+def check_output_file(flag: str, path: str | os.PathLike) -> Path:
+    """``path`` as a :class:`~pathlib.Path` if a file can be written there; else :class:`UsageError` naming it.
+
+    Checked before the tool does any work, so that a mistyped ``--plot`` is one line and exit 2 before anything
+    is printed, trained or recorded, not a traceback after the table.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a folder; give the file to write.")
+    if not target.parent.is_dir():
+        raise UsageError(f"{flag} {path}: folder {target.parent} does not exist.")
+    _check_writable(flag, path, target.parent)
+    return target
+
+
+def check_output_dir(flag: str, path: str | os.PathLike) -> Path:
+    """``path`` as a :class:`~pathlib.Path` if it is, or can be made, a folder to write in; else :class:`UsageError`.
+
+    Nothing is created: the nearest folder that exists (``path`` itself, or the one it would be made in) must
+    take new files.
+    """
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UsageError(f"{flag} {path}: is a file, not a folder.")
+    existing = target.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is a file, not a folder.")
+    _check_writable(flag, path, existing)
+    return target
+
+
+def _check_writable(flag: str, path: str | os.PathLike, folder: Path) -> None:
+    """Create and remove one empty file in ``folder``: the filesystem's own answer (permissions, a read-only mount,
+    ``/proc``), which ``os.access`` does not give (root passes every permission check)."""
+    probe = folder / f".atscale-write-check-{os.getpid()}-{secrets.token_hex(3)}"
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except OSError as err:
+        raise UsageError(f"{flag} {path}: cannot write in {folder} ({err.strerror or err}).") from None
+    probe.unlink(missing_ok=True)
 
 
 def parse_or_exit(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -107,16 +221,37 @@ def parse_or_exit(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -
 
 
 def run_main(body: Callable[[], int]) -> int:
-    """Run a tool's body; bad input (:class:`UsageError`, a tracking store that cannot be used) and
-    Ctrl-C become one line on stderr and their exit codes."""
+    """Run a tool's body; bad input (:class:`UsageError`, a tracking store that cannot be used), a file that
+    cannot be read or written, and Ctrl-C become one line on stderr and their exit codes."""
     try:
         return body()
     except (UsageError, tracking.TrackingError) as err:
         print(f"error: {err}", file=sys.stderr)
         return USAGE_EXIT_CODE
+    except OSError as err:
+        code = os_error_exit_code(err)
+        if code is None:
+            raise
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return SIGINT_EXIT_CODE
+
+
+def os_error_exit_code(err: OSError) -> int | None:
+    """The exit code of a tool stopped by ``err``, read by its type: a file named on the command line that cannot be
+    read or written (``--plot /nonexistent/dir/p.png``) is bad input (2); a full disk or an I/O error is the
+    machine's (1); an ``OSError`` about no file is neither (None: a traceback, it is a bug)."""
+    if err.filename is None:
+        return None
+    return 1 if disk_error(err) is not None and err.errno != errno.EROFS else USAGE_EXIT_CODE
+
+
+def os_error_line(err: OSError) -> str:
+    """``err`` as one line: the file, then what the system said (``/nonexistent/dir/p.png: No such file or ...``)."""
+    target = f"{err.filename} -> {err.filename2}" if err.filename2 else str(err.filename)
+    return tracking.redact(f"{target}: {err.strerror or err}")
 
 
 def positive_ints(flag: str, text: str, example: str = "1,2,4") -> list[int]:

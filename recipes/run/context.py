@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import time
@@ -41,6 +40,9 @@ from recipes.run.common import (
     ENV_RUN_TAGS,
     UsageError,
 )
+from recipes.run.common import NAME_PATTERN as NAME_PATTERN  # the run names' rule, kept in the tools' module
+from recipes.run.common import NAME_RULE as NAME_RULE
+from recipes.run.common import check_name as check_name
 from recipes.run.tracking import redact
 
 log = logging.getLogger(__name__)
@@ -90,25 +92,6 @@ class RunContext:
         if self.run_url is None:
             return None
         return RemoteCheckpoints(remote_store.join(self.run_url, "checkpoints"), self.checkpoint_dir)
-
-
-#: What a run or experiment name may be: one path component that stays where it is put (``<runs_root>/<experiment>/
-#: <run_name>``, locally and in object storage): a letter or digit, then letters, digits and ``. _ - + = @``.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@-]{0,127}")
-NAME_RULE = ("one name of 1-128 letters, digits and . _ - + = @, starting with a letter or digit (no '/', no '..': "
-             "it names a directory inside the runs root)")
-
-
-def check_name(flag: str, value: object) -> str:
-    """``value`` if it is a valid run or experiment name (:data:`NAME_PATTERN`), else :class:`UsageError` naming it.
-
-    The names become directories under the runs root: ``/``, ``..``, ``.`` or an empty name would
-    write outside it, into the filesystem root or the working directory, or make the experiment's own
-    folder a run directory.
-    """
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise UsageError(f"{flag} {value!r} is not a valid name: expected {NAME_RULE}.")
-    return value
 
 
 def check_location(flag: str, value: object) -> None:

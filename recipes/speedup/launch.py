@@ -25,6 +25,7 @@ from recipes.run.common import (
     STEP_KEY,
     THROUGHPUT_KEY,
     UsageError,
+    check_name,
     check_tracking_server,
     find_run,
     tracking_uri,
@@ -116,7 +117,8 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
     for path in configs:
         if not Path(path).is_file():
             raise UsageError(f"--config {path}: no such file")
-    experiment = args.experiment or read_config_value(configs, "experiment") or "default"
+    experiment = check_name("the config's experiment", args.experiment or read_config_value(configs, "experiment")
+                            or "default")  # a folder under the runs root, like every run's
     batch = args.batch_size or read_config_value(configs, "data", "init_args", "batch_size")
     if batch is not None:
         batch = int(batch)

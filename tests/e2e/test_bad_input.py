@@ -6,6 +6,7 @@ the failure in the middle of a run is a real subprocess.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from recipes.classifier import ImageClassifier
-from tests.conftest import CONFIGS, FAST, CliResult, free_port, run_fit, runs_of
+from tests.conftest import CONFIGS, FAST, CliResult, free_port, run_fit, run_module, runs_of
 
 DIGITS = ("--config", str(CONFIGS / "digits.yaml"), *FAST)
 
@@ -128,3 +129,93 @@ def test_failure_mid_run_marks_the_mlflow_run_failed(tmp_path: Path) -> None:
     assert "boom at step 2" in result.stderr  # a real bug keeps its traceback
     (run,) = runs_of(tmp_path, "digits")
     assert run.info.status == "FAILED"
+
+
+# ------------------------------------------------------------------------------------ every other tool
+def lightning_checkpoint(path: Path, module: torch.nn.Module) -> Path:
+    """A checkpoint file as Lightning writes one: the weights and the module's hyperparameters."""
+    import lightning
+
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                "pytorch-lightning_version": lightning.__version__, "global_step": 0, "epoch": 0}, path)
+    return path
+
+
+def classifier_dcp_checkpoint(path: Path) -> Path:
+    """A distributed checkpoint of the digits classifier, laid out as our FSDP run writes one (shards, meta.pt)."""
+    import torch.distributed.checkpoint as dcp
+
+    model = ImageClassifier(width=4)
+    dcp.save({"state_dict": model.state_dict()}, checkpoint_id=path, no_dist=True)
+    torch.save({"hyper_parameters": dict(model.hparams), "global_step": 0, "epoch": 0}, path / "meta.pt")
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny GPT's checkpoint (what recipes.sample takes) and two it does not: a digits file and an FSDP folder."""
+    from recipes.gpt import GPT
+    from tests.conftest import TINY_GPT
+
+    folder = tmp_path_factory.mktemp("checkpoints")
+    return {"gpt": lightning_checkpoint(folder / "gpt.ckpt", GPT(**TINY_GPT)),
+            "digits-ckpt": lightning_checkpoint(folder / "digits.ckpt", ImageClassifier(width=4)),
+            "digits-fsdp": classifier_dcp_checkpoint(folder / "digits-fsdp")}
+
+
+def sweep_args(workdir: Path) -> list[str]:
+    space = workdir / "space.yaml"
+    space.write_text('{"model.init_args.optimizer.init_args.lr": {"type": "float", "low": 0.001, "high": 0.1}}')
+    return ["--config", str(CONFIGS / "digits.yaml"), "--space", str(space), "--trials", "2", "--name", "s"]
+
+
+#: ``(module, arguments, the value the one line must name)``; ``{gpt}``-style items are the checkpoints above,
+#: ``{sweep}`` a sweep's required arguments, ``{digits}`` the digits config, ``{csv}`` measurements to fit,
+#: ``{escape}`` a name that leads out of the runs root.
+TOOL_BAD_VALUES = [
+    ("recipes.plan", ["--step-time", "3", "--steps", "10000", "--serial-fraction", "0.05", "--instance",
+                      "a3-highgpu-1g", "--plot", "/nonexistent/dir/p.png"], "/nonexistent/dir/p.png"),
+    ("recipes.plan", ["batch", "--b-noise", "1000", "--s-min", "100", "--step-times", "32:0.01,64:0.015", "--plot",
+                      "/nonexistent/dir/p.png"], "/nonexistent/dir/p.png"),
+    ("recipes.compare", ["--experiment", "digits", "--plot", "/nonexistent/dir/p.png"], "/nonexistent/dir/p.png"),
+    ("recipes.promote", ["--experiment", "digits", "--name", "../x;rm"], "../x;rm"),
+    ("recipes.promote", ["--experiment", "digits", "--alias", "a b/../c"], "a b/../c"),
+    ("recipes.sample", ["--ckpt", "{gpt}", "--temperature", "nan"], "--temperature: 'nan'"),
+    ("recipes.sample", ["--ckpt", "{gpt}", "--temperature", "inf"], "--temperature: 'inf'"),
+    ("recipes.sample", ["--ckpt", "{gpt}", "--device", "bogus"], "--device bogus"),
+    pytest.param("recipes.sample", ["--ckpt", "{gpt}", "--device", "cuda"], "--device cuda",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
+    ("recipes.sample", ["--ckpt", "{gpt}", "--max-new-bytes", "1000000000000"], "--max-new-bytes 1000000000000"),
+    ("recipes.sample", ["--ckpt", "{gpt}", "--prompt", os.fsdecode(b"def \xff\xfe")], "--prompt"),
+    ("recipes.sample", ["--ckpt", "{digits-ckpt}"], "digits.ckpt"),
+    ("recipes.sample", ["--ckpt", "{digits-fsdp}"], "digits-fsdp"),
+    ("recipes.scale", ["--config", "{digits}", "--out", "/proc/x"], "/proc/x"),
+    ("recipes.scale", ["--config", "{digits}", "--runs_root", "/proc/self"], "/proc/self"),
+    ("recipes.scale", ["--config", "{digits}", "--experiment", "{escape}"], "../../"),  # out of the runs root
+    ("recipes.scale", ["--from-csv", "{csv}", "--experiment", "../x"], "../x"),
+    ("recipes.bench", ["checkpoint", "--out", "/proc/x"], "/proc/x"),
+    ("recipes.sweep", ["{sweep}", "--stale-after", "-5"], "--stale-after -5"),
+    ("recipes.sweep", ["{sweep}", "--stale-after", "nan"], "--stale-after: 'nan'"),
+]
+
+
+@pytest.mark.parametrize(("module", "args", "named"), TOOL_BAD_VALUES,
+                         ids=lambda v: v.split(".")[-1] if isinstance(v, str) and v.startswith("recipes.") else
+                         " ".join(v)[-40:] if isinstance(v, list) else "")
+def test_every_tool_refuses_a_bad_value_in_one_line(tmp_path: Path, module: str, args: list[str], named: str,
+                                                    checkpoints: dict[str, Path]) -> None:
+    csv = tmp_path / "points.csv"
+    csv.write_text("devices,throughput\n1,100\n2,190\n")
+    escape = tmp_path.parent / f"{tmp_path.name}-escaped"  # runs/../../<this> from the working directory
+    places = {**{f"{{{k}}}": str(v) for k, v in checkpoints.items()}, "{digits}": str(CONFIGS / "digits.yaml"),
+              "{csv}": str(csv), "{escape}": f"../../{escape.name}"}
+    argv = [item for arg in args for item in (sweep_args(tmp_path) if arg == "{sweep}" else [places.get(arg, arg)])]
+    result = run_module(module, *argv, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-3000:])
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""  # refused before any table was printed
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: ") and named in line, line
+    assert nothing_written(tmp_path)
+    assert not Path("/nonexistent").exists() and not escape.exists()
+    assert runs_of(tmp_path, "digits") == [] and runs_of(tmp_path, "scale") == []
