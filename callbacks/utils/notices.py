@@ -79,7 +79,8 @@ def without_credentials(text: str) -> str:
     return _USERINFO.sub(lambda m: f"{m['scheme']}***@", text)
 
 
-_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+# the userinfo runs to the authority's LAST '@', as urllib3 and requests split it: a password may hold an '@'
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#\s]*@")
 
 
 def _request(url: str, method: str = "GET", headers: dict[str, str] | None = None,

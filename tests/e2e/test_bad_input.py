@@ -250,9 +250,6 @@ def test_a_password_with_an_at_is_stored_nowhere(run_with_a_secret: tuple[Path, 
     assert leaks == []
 
 
-@pytest.mark.xfail(strict=True, reason="callbacks/utils/notices.py's without_credentials masks a URL's userinfo only "
-                                       "up to its first '@' (its own copy of the pattern; callbacks/ is not this "
-                                       "change's to edit): 'http://***@PWtail88@127.0.0.1:9' on stderr")
 def test_a_password_with_an_at_is_printed_nowhere(run_with_a_secret: tuple[Path, CliResult]) -> None:
     _, result = run_with_a_secret
     assert [part for part in SECRET_PARTS if part in result.stdout + result.stderr] == []
