@@ -55,6 +55,10 @@ def load_gpt(path: Path, map_location: str = "cpu") -> GPT:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return parse_or_exit(build_parser(), argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m recipes.sample", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--ckpt", required=True, help="checkpoint file (or FSDP checkpoint directory)")
     parser.add_argument("--prompt", default="\n", help="text to continue (UTF-8)")
@@ -63,7 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest bytes (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
-    return parse_or_exit(parser, argv)
+    return parser
 
 
 #: The most bytes one call samples: each is a forward pass, so a mistyped count (10**12) would run for days.

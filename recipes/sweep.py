@@ -93,6 +93,8 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
             raise UsageError(f"{flag} {value}: must be >= {low}")
     if args.budget_usd is not None and not args.budget_usd > 0:
         raise UsageError(f"--budget-usd {args.budget_usd}: must be > 0")
+    if not 0 <= args.seed < 2**32:  # numpy's (hence the samplers') range
+        raise UsageError(f"--seed {args.seed}: must be in [0, 2**32)")
     if not args.stale_after > 0:  # 0 or less: every process would take over every running trial at once
         raise UsageError(f"--stale-after {args.stale_after:g}: must be a positive number of seconds")
     cores = os.cpu_count() or 1

@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if unknown or not {"b", "c"} <= set(args.variants):
                 raise UsageError(f"--variants {','.join(args.variants)}: each one of {', '.join(VARIANTS)}, "
                                  "with b and c among them")
-        for name in ("steps", "rounds", "batch_size", "hidden", "layers", "features", "threads", "warmup"):
+        for name in ("steps", "rounds", "max_rounds", "batch_size", "hidden", "layers", "features", "threads",
+                     "warmup"):
             if args.command != "fit" and getattr(args, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
         if args.command != "fit" and args.steps <= args.warmup:

@@ -6,6 +6,7 @@ the failure in the middle of a run is a real subprocess.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -263,3 +264,77 @@ def test_reproduce_never_prints_the_credentials_of_its_arguments(run_with_a_secr
                         cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "secretpw" not in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------- every numeric option of every tool
+def tool_parsers() -> dict[str, tuple[argparse.ArgumentParser, list[str]]]:
+    """Each tool's parser (the one every tool but fit shares, ``recipes.run.common.ArgumentParser``) and arguments
+    that make the rest of its command valid, so that a refusal is the hostile option's: ``{name}`` items are
+    filled in by the test (a GPT checkpoint, a CSV of measurements, a sweep's space)."""
+    from recipes import compare, plan, promote, reproduce, sample, scale, sweep
+    from recipes.bench import cli as bench
+
+    tools = {
+        "recipes.compare": (compare.build_parser(), ["--experiment", "digits"]),
+        "recipes.promote": (promote.build_parser(), ["--experiment", "digits"]),
+        "recipes.reproduce": (reproduce.build_parser(), ["0" * 32]),
+        "recipes.sample": (sample.build_parser(), ["--ckpt", "{gpt}", "--max-new-bytes", "4"]),
+        "recipes.plan": (plan._parser(), ["--step-time", "3", "--steps", "100", "--serial-fraction", "0.05",
+                                          "--instance", "a3-highgpu-1g"]),
+        "recipes.plan batch": (plan._batch_parser(), ["--b-noise", "1000", "--ref-steps", "100", "--ref-batch", "32",
+                                                      "--step-times", "32:0.01", "--params", "1e6",
+                                                      "--bandwidth-gbps", "100"]),
+        "recipes.scale": (scale.build_parser(), ["--from-csv", "{csv}", "--no-mlflow"]),
+        "recipes.sweep": (sweep.build_parser(), ["{sweep}"]),
+    }
+    subcommands = next(a for a in bench.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in subcommands.choices.items():
+        tools[f"recipes.bench {name}"] = (parser, [])
+    return tools
+
+
+#: Hostile values of each type: below every lower bound the tools have, and the floats no bound catches.
+HOSTILE = {int: ["-1"], float: ["-1", "nan", "inf"]}
+#: Options for which a hostile value is a value (the command then does its work, here a cheap one: run, exit 0).
+ACCEPTED = {("recipes.sample", "--seed", "-1"): "any 64-bit seed"}
+#: Options of modules this change did not own that still start their work with a negative value (the soak's and the
+#: GPU benchmark's own checks): listed so that the walk stays exhaustive; not run (each would run for minutes).
+KNOWN_GAPS = {
+    ("recipes.bench chaos", "--seed", "-1"), ("recipes.bench chaos", "--faults-per-run", "-1"),
+    ("recipes.bench chaos", "--launch-timeout", "-1"), ("recipes.bench chaos", "--tmpfs-mb", "-1"),
+    ("recipes.bench gpu", "--rounds", "-1"), ("recipes.bench gpu", "--budget-s", "-1"),
+}
+
+
+def hostile_cases() -> list:
+    cases = []
+    for tool, (parser, base) in tool_parsers().items():
+        for action in parser._actions:
+            for value in HOSTILE.get(action.type, []) if action.option_strings else []:
+                key = (tool, action.option_strings[0], value)
+                marks = [pytest.mark.xfail(run=False, reason="starts its work: recipes/soak/cli.py and "
+                                                             "recipes/bench/gpu.py do not check it")] \
+                    if key in KNOWN_GAPS else []
+                cases.append(pytest.param(*key, base, marks=marks, id=" ".join(key)))
+    return cases
+
+
+@pytest.mark.parametrize(("tool", "option", "value", "base"), hostile_cases())
+def test_every_numeric_option_of_every_tool_refuses_a_hostile_value(tmp_path: Path, tool: str, option: str,
+                                                                    value: str, base: list[str],
+                                                                    checkpoints: dict[str, Path]) -> None:
+    """The walk over every option the tools' parser holds: a new numeric option without a check fails here."""
+    csv = tmp_path / "points.csv"
+    csv.write_text("devices,throughput\n1,100\n2,190\n")
+    places = {"{gpt}": str(checkpoints["gpt"]), "{csv}": str(csv)}
+    argv = [item for arg in base for item in (sweep_args(tmp_path) if arg == "{sweep}" else [places.get(arg, arg)])]
+    module, *subcommand = tool.split()
+    result = run_module(module, *subcommand, *argv, option, value, cwd=tmp_path, timeout=120)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    if (tool, option, value) in ACCEPTED:
+        assert result.returncode == 0, result.stderr[-3000:]
+        return
+    assert result.returncode == 2, (result.stdout[-2000:], result.stderr[-3000:])
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: ") and (option in line or value in line), line
+    assert nothing_written(tmp_path)
