@@ -72,7 +72,7 @@ from recipes.run.context import (
     global_rank_from_env,
     launched_by_parent,
     mlflow_run_of,
-    refused_changes,
+    refuse_ignored_changes,
     resolve_resume,
     run_tags,
     torchrun_nodes,
@@ -276,7 +276,7 @@ class AtscaleCLI(LightningCLI):
                 # a checkpoint of another run names
                 run_id = mlflow_run_of(client, self.context, ckpt_path, run_id, explicit=bool(cfg.ckpt_path))
                 if run_id:
-                    run_id = self._refuse_ignored_changes(client, run_id, cfg, ckpt_path)
+                    run_id = refuse_ignored_changes(client, run_id, cfg, run_name, ckpt_path)
                     if ckpt_path and not cfg.ckpt_path:
                         self._stop_if_complete(client, run_id, cfg, ckpt_path)
             self.context.ckpt_path, self.context.mlflow_run_id = ckpt_path, run_id
@@ -295,8 +295,7 @@ class AtscaleCLI(LightningCLI):
             raise
 
     def instantiate_classes(self) -> None:
-        """Lightning's, and a class that refuses its values at construction (a model's, an optimizer's, the
-        trainer's own checks) lets go of the run: its lock and the folders made for it go, nothing is left."""
+        """Lightning's; a class refusing its values at construction lets go of the run (no lock, no folder left)."""
         try:
             super().instantiate_classes()
         except BaseException:
@@ -322,33 +321,6 @@ class AtscaleCLI(LightningCLI):
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-
-    def _refuse_ignored_changes(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace,
-                                ckpt_path: str | None) -> str | None:
-        """Stop a resume whose config changes something the restored training state would override; returns the
-        MLflow run this launch continues.
-
-        Without a checkpoint there is no training state to keep: a first launch that failed before its first
-        checkpoint (a bug, a value no check caught) never blocks the corrected one, which opens a new MLflow run
-        (the failed one keeps the params it ran with; MLflow never changes a logged param).
-        """
-        try:
-            logged = client.get_run(run_id).data.params
-        except mlflow.exceptions.MlflowException:
-            return run_id  # a run id from a checkpoint of another store: nothing to compare
-        refused = refused_changes(logged, flatten(cfg))
-        if refused and not ckpt_path:
-            log.warning("MLflow run %s of %s/%s ended before its first checkpoint with another config (%s): this "
-                        "launch starts the run over in a new MLflow run.", run_id, cfg.experiment,
-                        self.context.run_name if self.context else "", ", ".join(k for k, _, _ in refused))
-            return None
-        if refused:
-            changes = ", ".join(f"{k} ({old} -> {new})" for k, old, new in refused)
-            raise UsageError(f"run {cfg.experiment}/{self.context.run_name if self.context else ''} was started with "
-                             f"another config; resuming would keep the checkpoint's training state and ignore: "
-                             f"{changes}. Relaunch with the original values, or start over with --fresh true or a "
-                             "new --run_name.")
-        return run_id
 
     def _stop_if_complete(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace, ckpt_path: str) -> None:
         """A FINISHED run relaunched with the same length of training has nothing to do: say so instead of resuming."""

@@ -206,6 +206,38 @@ def refused_changes(logged: dict[str, str], params: dict[str, str]) -> list[tupl
 
 
 
+def refuse_ignored_changes(client: Any, run_id: str, cfg: Namespace, run_name: str,
+                           ckpt_path: str | None) -> str | None:
+    """Stop a resume whose config changes something the restored training state would override; returns the MLflow
+    run this launch continues.
+
+    Without a checkpoint there is no training state to keep: a first launch that failed before its first
+    checkpoint (a bug, a value no check caught) never blocks the corrected one, which opens a new MLflow run
+    (the failed one keeps the params it ran with; MLflow never changes a logged param).
+
+    Raises:
+        UsageError: naming each refused change (old -> new), when a checkpoint would be resumed.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        logged = client.get_run(run_id).data.params
+    except MlflowException:
+        return run_id  # a run id from a checkpoint of another store: nothing to compare
+    refused = refused_changes(logged, flatten(cfg))
+    if refused and not ckpt_path:
+        log.warning("MLflow run %s of %s/%s ended before its first checkpoint with another config (%s): this launch "
+                    "starts the run over in a new MLflow run.", run_id, cfg.experiment, run_name,
+                    ", ".join(k for k, _, _ in refused))
+        return None
+    if refused:
+        changes = ", ".join(f"{k} ({old} -> {new})" for k, old, new in refused)
+        raise UsageError(f"run {cfg.experiment}/{run_name} was started with another config; resuming would keep the "
+                         f"checkpoint's training state and ignore: {changes}. Relaunch with the original values, or "
+                         "start over with --fresh true or a new --run_name.")
+    return run_id
+
+
 def resolve_resume(cfg: Namespace, ctx: RunContext) -> tuple[str | None, str | None]:
     """The checkpoint a launch resumes from and its MLflow run id, by the resume policy (module docstring).
 
