@@ -92,3 +92,12 @@ def test_what_the_client_would_send_as_a_password_is_masked_whole(url: str) -> N
 def test_mask_userinfo_masks_a_token_with_an_at_in_it() -> None:
     assert tracking.mask_userinfo("http://TOK@EN@host/x") == "http://***@host/x"
     assert tracking.has_credentials("s3://AKIA:secret@pw@bucket/runs")
+
+
+@pytest.mark.parametrize(("text", "shown"), AT_IN_SECRETS)
+def test_the_callbacks_own_copy_masks_as_the_tracking_one_does(text: str, shown: str) -> None:
+    """callbacks/ is copied alone into other projects, so notice polling keeps its own copy of the pattern: one
+    redaction still, the same text masked the same way wherever it is printed."""
+    from callbacks.utils.notices import without_credentials
+
+    assert without_credentials(text) == tracking.mask_userinfo(text)
