@@ -10,7 +10,8 @@
   secrets redacted.
 - :mod:`recipes.run.lock`: one live process per run directory.
 - :mod:`recipes.run.shutdown`: how a process ends (copied alone into other projects).
-- :mod:`recipes.run.common`: what every tool shares: usage errors and exit codes, the tracking URI, run
+- :mod:`recipes.run.common`: what every tool shares: usage errors and exit codes, the parser (finite floats,
+  ``sys.argv`` redacted once parsed), names and output places checked before any work, the tracking URI, run
   lookups, metric and tag names (no torch or Lightning).
 - :mod:`recipes.run.compat`: the couplings to private Lightning and MLflow internals, one test each.
 """

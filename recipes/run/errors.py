@@ -1,6 +1,8 @@
-"""A failure read for what it means to a person: a parse error cut to one line, a full disk, a lost peer rank.
+"""A failure read for what it means to a person: a parse error cut to one line, a full disk, a lost peer rank, an
+optimizer's refusal of a value brought forward to the module's construction.
 
-The run flow (:mod:`recipes.run.cli`) turns each into one line and an exit code instead of a traceback.
+The run flow (:mod:`recipes.run.cli`) and the tools (:func:`recipes.run.common.run_main`) turn each into one line
+and an exit code instead of a traceback.
 """
 
 from __future__ import annotations
