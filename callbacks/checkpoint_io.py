@@ -12,6 +12,10 @@ both copies. Wrap it in ``BoundedAsyncCheckpointIO`` to write and upload in a ba
 (tensors are copied on the caller's thread first, into a staging buffer allocated once);
 ``teardown()`` joins it, which is how a save on an interruption notice waits for its upload.
 
+A :class:`PublishGate` holds each checkpoint's publication (its record) until what training logged through
+its step is durable: a relaunch resumes from the newest published checkpoint and never logs the steps
+before it again.
+
 Example::
 
     trainer = Trainer(plugins=[AtomicCheckpointIO()])
@@ -26,10 +30,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +57,152 @@ log = logging.getLogger(__name__)
 RUN_METADATA_KEY = "atscale"
 
 
+#: Key, in a checkpoint's record, of the metric points logged before it that the tracking store had not
+#: confirmed when it was published: a relaunch from it logs those the store lacks.
+METRICS_PENDING_KEY = "metrics_pending"
+
+
+class MetricsNotDurable(RuntimeError):
+    """The tracking store refused metrics the run logged. The checkpoints published since carry the points (a
+    relaunch logs them); the run stops at its next save. Its ``__cause__`` is the store's error."""
+
+
+#: What a logger says of the points logged so far: those the store has not confirmed, and its first refusal.
+Unconfirmed = Callable[[], "tuple[list[Any], BaseException | None]"]
+
+
+class PublishGate:
+    """Publishes a checkpoint once training has logged its step, with the points the store has not confirmed.
+
+    A relaunch resumes after the newest published checkpoint and never logs the steps before it again, but
+    metrics reach the tracking store through a buffered queue (seconds behind), and training logs step N's
+    metrics after the hook that saved step N. So a save written by a writer thread is published (its record
+    written) on a publisher thread of its own once the training loop has passed step N (:meth:`passed`, from
+    the next step's start), and its record carries the points logged so far that the store has not confirmed
+    (``unconfirmed``, under :data:`METRICS_PENDING_KEY`): a kill at any moment leaves every point of the steps
+    before a published checkpoint either in the store or in its record. Neither the step nor the writer waits;
+    the publication trails the save by one step. When the training thread waits for the publications
+    (:meth:`drain`: a notice save, the end) they go at once; a save written on the training thread (a sharded
+    checkpoint, no writer) is published at once, before its step's own metrics are logged.
+
+    A refusal of the store (a full disk) is raised as :class:`MetricsNotDurable` at the training thread's
+    next save: the run stops there, and its relaunch restores the refused points from the record.
+
+    No library offers this ordering (Lightning's checkpoint IO and loggers know nothing of each other).
+
+    Args:
+        unconfirmed: the logger's points not yet confirmed by the store, and the store's first refusal.
+        timeout_s: the longest a publication waits for the training loop; then it goes with a warning.
+    """
+
+    def __init__(self, unconfirmed: Unconfirmed, timeout_s: float = 300.0) -> None:
+        self.unconfirmed, self.timeout_s = unconfirmed, timeout_s
+        self._cond = threading.Condition()
+        self._logged_through: float = -1
+        self._submitted = 0  # saves handed to the writer so far
+        self._release_upto = 0  # saves submitted before the training thread last waited for publications
+        self._publisher: ThreadPoolExecutor | None = None
+        self._error: BaseException | None = None
+        self._local = threading.local()  # the save the calling thread is writing (a writer's submission number)
+
+    @property
+    def current(self) -> int | None:
+        """The submission number of the save this thread is writing (``None``: not a writer's save)."""
+        return getattr(self._local, "seq", None)
+
+    @current.setter
+    def current(self, seq: int | None) -> None:
+        self._local.seq = seq
+
+    def passed(self, step: float) -> None:
+        """The training loop has logged every step before ``step`` (called at a step's start)."""
+        with self._cond:
+            self._logged_through = max(self._logged_through, step)
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        """Training is over: every step is logged."""
+        self.passed(math.inf)
+
+    def submit(self) -> int:
+        """A save is handed to the writer (training thread); returns its submission number."""
+        with self._cond:
+            self._submitted += 1
+            return self._submitted - 1
+
+    def publish(self, step: int, publish: Callable[[list[Any]], None]) -> None:
+        """Run ``publish(points)`` (record, upload) once step ``step`` is logged (see the class docstring)."""
+        seq = self.current
+        if seq is None:
+            self._publish(step, publish)
+        else:
+            self.then(functools.partial(self._when_logged, seq, step, publish))
+
+    def then(self, task: Callable[[], Any]) -> None:
+        """Run ``task`` on the publisher thread after the publications handed over before it."""
+        if self._publisher is None:
+            self._publisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atscale-publish")
+
+        def run() -> None:
+            try:
+                task()
+            except BaseException as err:
+                self._fail(err)
+
+        self._publisher.submit(run)
+
+    def _fail(self, err: BaseException) -> None:
+        with self._cond:
+            self._error = self._error or err
+
+    def _when_logged(self, seq: int, step: int, publish: Callable[[list[Any]], None]) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: seq < self._release_upto or self._logged_through >= step,
+                                       self.timeout_s):
+                log.warning("Checkpoint of step %d published %.0f s after it was written, before training logged "
+                            "that step: its metrics may be missing from it.", step, self.timeout_s)
+        self._publish(step, publish)
+
+    def _publish(self, step: int, publish: Callable[[list[Any]], None]) -> None:
+        points, refused = self.unconfirmed()
+        if refused is not None:  # said before the record exists: whoever sees the record can see the refusal
+            error = MetricsNotDurable(f"the tracking store refused metrics logged through step {step} "
+                                      f"({refused.__cause__ or refused}); the checkpoint of step {step} carries "
+                                      "them: the relaunch logs them")
+            error.__cause__ = refused
+            self._fail(error)
+        publish(points)
+
+    def check(self) -> None:
+        """Raise (once) what a publication raised, without waiting (training thread, at its next save)."""
+        with self._cond:
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def drain(self) -> None:
+        """Wait for every publication handed over so far (training thread); raise the first one that failed."""
+        with self._cond:
+            self._release_upto = self._submitted
+            self._cond.notify_all()
+        if self._publisher is not None:  # its thread ends too: a later save starts another
+            self._publisher.shutdown(wait=True)
+            self._publisher = None
+        self.check()
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``torch.save`` to a temporary file, fsync, rename, write the integrity record; then upload, if mirrored.
 
     Args:
         mirror: the run's checkpoint directory in object storage, or ``None`` for a local run.
+        gate: holds each publication until the metrics of its steps are durable (``None``: publish at once).
     """
 
-    def __init__(self, mirror: RemoteCheckpoints | None = None) -> None:
+    def __init__(self, mirror: RemoteCheckpoints | None = None, gate: PublishGate | None = None) -> None:
         super().__init__()
         self.mirror = mirror
+        self.gate = gate
         #: Uploads that failed (each logged as an error); the run goes on with its local checkpoints.
         self.upload_failures = 0
 
@@ -74,6 +216,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except OSError as err:  # ENOSPC, EDQUOT, EIO...: say what was kept, keep the errno
             raise OSError(err.errno, f"could not write checkpoint {path} ({err.strerror or err}); "
                                      "nothing was replaced: the previous checkpoints are intact") from err
+        publish = functools.partial(self._publish, path, checkpoint, size, sha256)
+        if self.gate is not None:
+            self.gate.publish(int(checkpoint.get("global_step", 0)), publish)
+        else:
+            publish()
+
+    def _publish(self, path: _PATH, checkpoint: dict[str, Any], size: int, sha256: str,
+                 points: list[Any] | None = None) -> None:
+        """The integrity record (which makes the checkpoint good), then the upload."""
+        # the run metadata without the per-rank RNG states (they stay in the checkpoint)
+        extra = {k: v for k, v in checkpoint.get(RUN_METADATA_KEY, {}).items() if k != "rng"}
+        if points:
+            extra[METRICS_PENDING_KEY] = points
         try:
             ckpt_store.write_record(
                 path,
@@ -81,8 +236,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 epoch=checkpoint.get("epoch", 0),
                 size=size,
                 sha256=sha256,
-                # the run metadata without the per-rank RNG states (they stay in the checkpoint)
-                extra={k: v for k, v in checkpoint.get(RUN_METADATA_KEY, {}).items() if k != "rng"},
+                extra=extra,
             )
         except OSError as err:  # the disk filled up between the two: an unrecorded checkpoint is never used
             Path(path).unlink(missing_ok=True)  # so free its space
@@ -126,6 +280,8 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
         super().__init__(checkpoint_io)
+        #: The wrapped IO's publish gate: released whenever the training thread waits for this writer.
+        self.gate: PublishGate | None = getattr(checkpoint_io, "gate", None)
         self._drained: Future | None = None
         #: Seconds each save waited for the previous one (0.0 when storage kept up); the rest of a save's
         #: stall is staging, the copy into the buffer.
@@ -193,20 +349,28 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
 
     @override
     def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        if self.gate is not None:
+            self.gate.check()  # a publication failed (its metrics did not reach the store): stop here
         self._wait_for_previous()
         executor = async_executor(self)
         if "checkpoint" in kwargs:
             kwargs = {**kwargs, "checkpoint": self._stage(kwargs["checkpoint"])}
         elif args:
             args = (self._stage(args[0]), *args[1:])
-        inner = self.checkpoint_io
+        inner, gate = self.checkpoint_io, self.gate
+        seq = gate.submit() if gate is not None else None
 
         def save(*a: Any, **kw: Any) -> None:
             try:
                 assert inner is not None
+                if gate is not None:
+                    gate.current = seq
                 inner.save_checkpoint(*a, **kw)
             except BaseException as ex:
                 set_async_error(self, ex)
+            finally:
+                if gate is not None:
+                    gate.current = None
 
         executor.submit(save, *args, **kwargs)
         self._drained = executor.submit(lambda: None)  # done once every earlier save is
@@ -216,16 +380,22 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
 
     @override
     def teardown(self) -> None:
-        super().teardown()
-        self._staging = []  # the buffer is a full copy of the state: give it back with the executor
+        try:
+            super().teardown()
+        finally:
+            self._staging = []  # the buffer is a full copy of the state: give it back with the executor
+        if self.gate is not None:  # the saves are written: wait for their publication (a notice save's too)
+            self.gate.drain()  # the buffer is a full copy of the state: give it back with the executor
 
     def drain(self) -> None:
-        """Block until every save submitted so far is written (the staging buffer stays for the next save)."""
+        """Block until every save submitted so far is written and published (the staging buffer stays)."""
         if self._drained is not None:
             self._drained.result()
         error = async_error(self)
         if error:
             raise error
+        if self.gate is not None:
+            self.gate.drain()
 
     @property
     def waits(self) -> int:
@@ -271,7 +441,9 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
             except Exception as err:
                 log.error("Could not %s: %s", description, err)
 
-        executor.submit(run)
+        # what a save replaces goes only once the save is published, which a gate may hold past the write
+        gate = self.gate
+        executor.submit(run if gate is None else functools.partial(gate.then, run))
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:

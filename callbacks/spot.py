@@ -65,7 +65,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from .checkpoint_io import RUN_METADATA_KEY, BoundedAsyncCheckpointIO, mirror_of
+from .checkpoint_io import METRICS_PENDING_KEY, RUN_METADATA_KEY, BoundedAsyncCheckpointIO, mirror_of
 from .storage import ckpt_store
 from .utils import notices
 from .utils.agreement import agree, distributed_world
@@ -210,6 +210,7 @@ class SpotCheckpoint(Callback):
         self._last_saved_step: int | None = None  # a step saved once is not saved again at its epoch's end
         self._resumed_step: int | None = None
         self._watchdog: HangWatchdog | None = None
+        self._paused_log_every = 0  # log_every_n_steps, paused for the step a notice stops at
         self._hang_record: tuple[Any, str] | None = None  # (MLflow client, run id) a hang marks KILLED (rank 0)
 
     # ----------------------------------------------------------------- notices
@@ -277,11 +278,11 @@ class SpotCheckpoint(Callback):
                 io.teardown()  # joins the writer thread; it restarts on the next save
             mirror = mirror_of(io)
             if path.is_dir() and trainer.is_global_zero:
-                # sharded (distributed) checkpoints bypass the checkpoint IO: publish them here
-                ckpt_store.write_record(path, trainer.global_step, trainer.current_epoch,
-                                        extra={"mlflow_run_id": self.mlflow_run_id})
-                if mirror is not None:
-                    mirror.try_publish(path)
+                # sharded (distributed) checkpoints bypass the checkpoint IO: publish them here (with the metric
+                # points the tracking store has not confirmed, when the IO has a publish gate)
+                publish = functools.partial(self._publish_sharded, trainer, path, mirror)
+                gate = getattr(io, "gate", None)
+                gate.publish(trainer.global_step, publish) if gate is not None else publish()
         trainer.strategy.barrier("SpotCheckpoint.save")
         if trainer.is_global_zero:
             prune = functools.partial(self._prune, directory, mirror)
@@ -292,6 +293,15 @@ class SpotCheckpoint(Callback):
         self._last_saved_step = trainer.global_step
         self._choose_interval(trainer, save_cost_s=time.monotonic() - started)
         return path
+
+    def _publish_sharded(self, trainer: Trainer, path: Path, mirror: RemoteCheckpoints | None,
+                         points: list[Any] | None = None) -> None:
+        extra: dict[str, Any] = {"mlflow_run_id": self.mlflow_run_id}
+        if points:
+            extra[METRICS_PENDING_KEY] = points
+        ckpt_store.write_record(path, trainer.global_step, trainer.current_epoch, extra=extra)
+        if mirror is not None:
+            mirror.try_publish(path)
 
     def _prune(self, directory: Path, mirror: RemoteCheckpoints | None) -> None:
         """Keep the ``keep`` newest good checkpoints here and in the mirror."""
@@ -317,6 +327,7 @@ class SpotCheckpoint(Callback):
         elapsed = time.monotonic() - (self._notice_time or time.monotonic())
         self.interrupted = True
         trainer.should_stop = True
+        self._keep_the_logging_cadence(trainer)
         if validate_after:  # the epoch's own validation, then a save at the epoch's end (on_train_epoch_end)
             self._save_at_epoch_end = True
         else:
@@ -341,6 +352,18 @@ class SpotCheckpoint(Callback):
                             elapsed, source, window)
             self._log(trainer, metrics)
             self._requeue()
+
+    def _keep_the_logging_cadence(self, trainer: Trainer) -> None:
+        """Lightning logs the step it stops at (``should_stop``) even off its ``log_every_n_steps`` cadence. An
+        uninterrupted run has no point there, and the relaunch goes on past it: skip it, so that the run's
+        history is an uninterrupted run's (the cadence is back for validation and the next launch)."""
+        every = trainer.log_every_n_steps
+        if every and trainer.global_step % every:
+            self._paused_log_every, trainer.log_every_n_steps = every, 0
+
+    def _restore_logging_cadence(self, trainer: Trainer) -> None:
+        if self._paused_log_every:
+            trainer.log_every_n_steps, self._paused_log_every = self._paused_log_every, 0
 
     def _requeue(self) -> None:
         if self.requeue_slurm:
@@ -471,7 +494,12 @@ class SpotCheckpoint(Callback):
             self._stop_on_notice(trainer)
 
     @override
+    def on_validation_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_logging_cadence(trainer)
+
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore_logging_cadence(trainer)
         self._stop_watchdog()  # the wrap-up (model logging, uploads) has no step boundaries to watch
 
     @override

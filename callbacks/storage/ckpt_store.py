@@ -353,7 +353,7 @@ def prune(directory: str | os.PathLike, pattern: str, keep: int) -> list[Path]:
     A checkpoint counts as one of the ``keep`` only if it verifies fully (SHA-256 and a safe load, see
     :func:`read_record`): a forged or same-size-corrupt newest one is not counted, so the good ones
     behind it stay. Such a checkpoint is left in place (lookups skip it with a warning) for a person
-    to inspect. Debris is a checkpoint of the pattern without a record that is older than the newest
+    to inspect. Debris is a checkpoint of the pattern without a record that was written before the newest
     kept one (an interrupted save). Returns what was deleted.
     """
     directory = Path(directory)
@@ -370,7 +370,9 @@ def prune(directory: str | os.PathLike, pattern: str, keep: int) -> list[Path]:
     if not good:
         return removed
     try:
-        newest_time = meta_path(good[0]).stat().st_mtime
+        # the newest kept checkpoint's own time, not its record's: a save written after it may still await its
+        # record (a publish gate holds it until its metrics are durable), and must not be taken for debris
+        newest_time = good[0].stat().st_mtime
     except FileNotFoundError:  # pruned concurrently by another process
         return removed
     debris = [p for p in directory.glob(pattern) if not p.name.endswith(META_SUFFIX)]

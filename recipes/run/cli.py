@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from callbacks.baselines import Baselines
-from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO
+from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO, PublishGate
 from callbacks.cost import CostTracker
 from callbacks.elastic import ElasticResume
 from callbacks.manifest import Manifest, git_state
@@ -51,7 +51,13 @@ from callbacks.storage import ckpt_store, remote_store
 from callbacks.storage.remote_store import StoreError
 from callbacks.timing import StepTiming
 from recipes.run import tracking
-from recipes.run.cli_callbacks import RelocateCheckpointState, TrackedConfig, UploadRunFiles
+from recipes.run.cli_callbacks import (
+    LoggedThrough,
+    RelocateCheckpointState,
+    TrackedConfig,
+    UploadRunFiles,
+    pending_points,
+)
 from recipes.run.common import (
     ENV_CKPT_PATH,
     ENV_MLFLOW_RUN_ID,
@@ -64,6 +70,7 @@ from recipes.run.common import (
 from recipes.run.compat import system_metrics_monitor
 from recipes.run.context import (
     RunContext,
+    check_devices,
     check_location,
     check_name,
     check_trainer_values,
@@ -154,18 +161,6 @@ def search_tags(cfg: Namespace) -> dict[str, str]:
     if sha:
         tags["atscale.git_sha"] = sha
     return tags
-
-
-def check_devices(trainer_cfg: Namespace, oversubscribe: bool = False) -> None:
-    """Refuse more CPU processes than cores (Lightning would start them and crawl), unless ``oversubscribe``."""
-    devices, accelerator = trainer_cfg.get("devices"), str(trainer_cfg.get("accelerator"))
-    wants_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    if not wants_cpu or (not isinstance(devices, int) and not str(devices).isdigit()):
-        return
-    cores = os.cpu_count() or 1
-    if int(devices) > cores and not oversubscribe:
-        raise UsageError(f"trainer.devices={devices} asks for {devices} CPU processes, but this machine has "
-                         f"{cores} CPU cores (--oversubscribe true starts them anyway, one thread each).")
 
 
 class AtscaleCLI(LightningCLI):
@@ -390,11 +385,19 @@ class AtscaleCLI(LightningCLI):
                 # training thread cost milliseconds a step. set_terminated (Lightning's finalize, and
                 # ours on failure) drains it before the run ends, an atexit hook at process exit.
                 synchronous=False,
+                # what the resumed checkpoint's record carries that the store may have lost (PublishGate)
+                restore=pending_points(ctx.ckpt_path),
             )
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
-            io = AtomicCheckpointIO(mirror=ctx.remote_checkpoints())
+            # a checkpoint is published once the metrics of its steps are in the store: a relaunch misses none
+            logger = config.get("logger")
+            gate = PublishGate(logger.unconfirmed) if isinstance(logger, ResumableMLFlowLogger) else None
+            if gate is not None:
+                logger.watch_writes()
+                extra.append(LoggedThrough(gate))
+            io = AtomicCheckpointIO(mirror=ctx.remote_checkpoints(), gate=gate)
             plugins.append(BoundedAsyncCheckpointIO(io) if self.config.async_checkpoint else io)
         config["plugins"] = plugins
         trainer = super()._instantiate_trainer(config, callbacks + extra)

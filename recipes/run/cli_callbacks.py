@@ -1,5 +1,6 @@
 """The CLI's own callbacks: the run's config into its directory and MLflow, run files into object storage,
-and ModelCheckpoint's best-k record kept across a resume on another machine."""
+ModelCheckpoint's best-k record kept across a resume on another machine, and how far training has logged
+(what a checkpoint's publication waits for)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
-from callbacks.storage import remote_store
+from callbacks.checkpoint_io import METRICS_PENDING_KEY, PublishGate
+from callbacks.storage import ckpt_store, remote_store
 from callbacks.utils.steps_file import PROGRESS_FILE
 from recipes.run.compat import MODEL_CHECKPOINT_BEST_K_KEY, MODEL_CHECKPOINT_PATH_KEYS
 from recipes.run.context import flatten
@@ -133,3 +135,33 @@ class RelocateCheckpointState(Callback):
             if isinstance(callback, ModelCheckpoint) and callback.dirpath and isinstance(state, dict) \
                     and relocate_checkpoint_state(state, callback.dirpath):
                 log.info("ModelCheckpoint state moved from another directory to %s.", callback.dirpath)
+
+
+def pending_points(checkpoint: str | None) -> list[list[Any]]:
+    """The metric points a checkpoint's record carries that the tracking store had not confirmed when it was
+    published (``callbacks.checkpoint_io.PublishGate``); none for no checkpoint or no record."""
+    record = ckpt_store.read_record(checkpoint, verify_hash=False) if checkpoint else None
+    return list(record.extra.get(METRICS_PENDING_KEY) or []) if record is not None else []
+
+
+class LoggedThrough(Callback):
+    """Tells a checkpoint IO's publish gate how far training has logged (``callbacks.checkpoint_io.PublishGate``).
+
+    A step's start follows the previous step's logging, its validation and its epoch's end: every metric of
+    the steps before it has been handed to the logger.
+
+    Args:
+        gate: the gate of the trainer's checkpoint IO.
+    """
+
+    def __init__(self, gate: PublishGate) -> None:
+        self.gate = gate
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.gate.passed(trainer.global_step)
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self.gate.finish()
+
+    def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
+        self.gate.finish()

@@ -19,6 +19,8 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
   ``LightningCLI._instantiate_trainer`` in ``recipes/run/cli.py`` (the one hook that receives the trainer's
   config and the callbacks from the config together) and ``ThroughputMonitor._compute`` in
   ``callbacks/throughput.py`` (where Lightning's monitor names and logs its metrics).
+- :func:`async_write_state`: whether an MLflow async write (the ``RunOperations`` a ``log_batch(...,
+  synchronous=False)`` returns) is done and how it ended; ``RunOperations`` offers only a blocking ``wait()``.
 - :class:`HelpFormatter`: argparse's ``HelpFormatter._get_help_string``, the one hook that decides whether an
   option's help says its default (argparse documents its formatter classes' names, not their methods).
 """
@@ -47,6 +49,15 @@ def mlflow_schema_head() -> str:
     from mlflow.store.db.utils import _get_latest_schema_revision
 
     return _get_latest_schema_revision()
+
+
+def async_write_state(operation: Any) -> tuple[bool, BaseException | None]:
+    """``(done, error)`` of an MLflow ``RunOperations`` without blocking: its futures, all done, and the first
+    one's exception (a write the store refused)."""
+    futures = operation._operation_futures
+    if not all(future.done() for future in futures):
+        return False, None
+    return True, next((f.exception() for f in futures if f.exception() is not None), None)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -117,6 +117,20 @@ TRAINER_COUNTS = {
 }
 
 
+def check_devices(trainer_cfg: Namespace, oversubscribe: bool = False) -> None:
+    """Refuse more CPU processes than cores (Lightning would start them and crawl), unless ``oversubscribe``."""
+    import torch
+
+    devices, accelerator = trainer_cfg.get("devices"), str(trainer_cfg.get("accelerator"))
+    wants_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if not wants_cpu or (not isinstance(devices, int) and not str(devices).isdigit()):
+        return
+    cores = os.cpu_count() or 1
+    if int(devices) > cores and not oversubscribe:
+        raise UsageError(f"trainer.devices={devices} asks for {devices} CPU processes, but this machine has "
+                         f"{cores} CPU cores (--oversubscribe true starts them anyway, one thread each).")
+
+
 def check_trainer_values(trainer: Any) -> None:
     """Refuse (:class:`UsageError`, naming the key and value) trainer counts Lightning accepts but divides by.
 

@@ -65,3 +65,22 @@ def test_a_checkpoint_changed_after_it_was_verified_is_verified_again(tmp_path: 
     newest.write_bytes(b"\0" * newest.stat().st_size)
     assert ckpt_store.prune(tmp_path, PATTERN, keep=1) == []
     assert sorted(p.name for p in tmp_path.glob(PATTERN)) == ["step=00000001.ckpt", "step=00000002.ckpt"]
+
+
+def test_a_save_awaiting_its_record_is_not_debris_even_if_an_older_record_came_later(tmp_path: Path) -> None:
+    """A publish gate can write step 2's record after step 3's file: step 3 is pending, not a killed save."""
+    _save(tmp_path, 1)
+    older = tmp_path / "step=00000002.ckpt"
+    torch.save({"w": torch.zeros(3), "global_step": 2, "epoch": 0}, older)
+    pending = tmp_path / "step=00000003.ckpt"
+    torch.save({"w": torch.ones(3), "global_step": 3, "epoch": 0}, pending)  # written, its record not yet
+    os.utime(older, (1_000, 1_000))
+    os.utime(pending, (2_000, 2_000))
+    ckpt_store.write_record(older, 2, 0)  # step 2 published now, after step 3 was written
+    ckpt_store.prune(tmp_path, PATTERN, keep=2)
+    assert pending.exists()
+    killed = tmp_path / "step=00000000.ckpt"  # a save cut short before the newest kept one was written
+    torch.save({"global_step": 0}, killed)
+    os.utime(killed, (500, 500))
+    ckpt_store.prune(tmp_path, PATTERN, keep=2)
+    assert not killed.exists() and pending.exists()

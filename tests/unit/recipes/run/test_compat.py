@@ -61,3 +61,18 @@ def test_help_formatter_says_an_options_default_only_when_it_says_something() ->
         "compat.HelpFormatter: argparse.HelpFormatter._get_help_string no longer adds the default"
     assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text, \
         "compat.HelpFormatter: argparse no longer asks HelpFormatter._get_help_string for an option's help"
+
+
+def test_async_write_state_reads_mlflows_run_operations(tmp_path: Path) -> None:
+    from concurrent.futures import Future
+
+    from mlflow.utils.async_logging.run_operations import RunOperations
+
+    pending, done, failed = Future(), Future(), Future()
+    done.set_result(None)
+    failed.set_exception(RuntimeError("database or disk is full"))
+    assert compat.async_write_state(RunOperations([done, pending])) == (False, None)
+    assert compat.async_write_state(RunOperations([done])) == (True, None)
+    finished, error = compat.async_write_state(RunOperations([done, failed]))
+    assert finished and isinstance(error, RuntimeError), \
+        "compat.async_write_state: mlflow's RunOperations no longer keeps its futures in _operation_futures"

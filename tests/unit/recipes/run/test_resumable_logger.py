@@ -70,3 +70,30 @@ def test_events_of_each_launch_are_all_logged(tmp_path: Path) -> None:
     again.log_metrics({"spot/interruptions": 2.0, "spot/lost_steps": 0.0}, step=50)
     assert points(uri, first.run_id) == {"spot/interruptions": [(50, 1.0), (50, 2.0)],
                                          "spot/lost_steps": [(50, 0.0), (50, 0.0)]}
+
+
+def test_unconfirmed_points_are_those_the_store_has_not_written(tmp_path: Path, monkeypatch) -> None:
+    """Async writes: a point is unconfirmed until MLflow's queue wrote it; a refused write is kept and named."""
+    monkeypatch.setenv("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS", "1")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logger = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri, synchronous=False)
+    logger.watch_writes()
+    logger.log_metrics({"train/loss": 2.0}, step=1)
+    pending, refused = logger.unconfirmed()
+    assert [p[:3] for p in pending] == [["train/loss", 2.0, 1]] and refused is None  # still in the queue
+    mlflow.flush_async_logging()
+    assert logger.unconfirmed() == ([], None)  # written: nothing left to carry
+
+
+def test_restore_logs_only_the_points_the_store_lacks(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
+    log(first, SEQUENCE[:2])  # steps 0 and 1 reached the store; step 2's points (both logs) died in the queue
+    # the checkpoint after step 2 carries every point its store had not confirmed, step 1's included
+    record = [["train/loss", 2.0, 1, 1000], ["epoch", 0.0, 1, 1000], ["train/loss", 1.5, 2, 2000],
+              ["epoch", 0.0, 2, 2000], ["val/acc", 0.5, 2, 2001], ["epoch", 0.0, 2, 2001]]
+    relaunch = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri, run_id=first.run_id, restore=record)
+    log(relaunch, [SEQUENCE[0], *SEQUENCE[4:]])  # its start, then the steps after the checkpoint
+    reference = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
+    log(reference, SEQUENCE)
+    assert points(uri, first.run_id) == points(uri, reference.run_id)
