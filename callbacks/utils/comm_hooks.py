@@ -6,6 +6,10 @@ after it. :func:`add_comm_hook_wrapper` registers one hook that runs a list of w
 hook that does the communication; each caller appends its wrapper, and at most one chooses the base
 (compression). What was composed on a module (:class:`ComposedHook`, :func:`composed_hook`) is kept
 beside it, in a registry that forgets the module with it, not in attributes set on torch's object.
+
+Composing also pins the module's gradient bucket layout (:func:`pin_bucket_layout`): the buckets are what
+every hook sees, and a resumed run is bitwise exact at 3 or more ranks only if it reduces each step in the
+layout the uninterrupted run used for that step.
 torch is imported when used; no Lightning.
 """
 
@@ -22,7 +26,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 __all__ = ["CommHookWrapper", "ComposedHook", "NoiseScaleCommHook", "WireMeter", "add_comm_hook_wrapper",
-           "composed_hook", "wire_bytes"]
+           "composed_hook", "pin_bucket_layout", "wire_bytes"]
 
 #: ``meter(bucket) -> bytes_sent()``: called before a bucket's communication is issued; the returned
 #: function, called after it was issued, gives the bytes the base hook put on the wire for that bucket
@@ -124,6 +128,7 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
     """
     composed = composed_hook(ddp_module)
     if composed is None:
+        pin_bucket_layout(ddp_module)  # before the first backward, which is when callers compose
         from .compat import ddp_comm_hook_names
 
         existing = ddp_comm_hook_names(ddp_module)
@@ -142,6 +147,58 @@ def add_comm_hook_wrapper(ddp_module: torch.nn.parallel.DistributedDataParallel,
         composed.base, composed.base_chosen, composed.meter = base, True, meter
     composed.chain.append(wrapper)
     return composed
+
+
+_PINNED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def pin_bucket_layout(ddp_module: torch.nn.parallel.DistributedDataParallel) -> bool:
+    """Fix the DDP module's gradient buckets for its whole life, the same in every process that wraps the model.
+
+    Why: DDP reduces a process's first step in buckets of the parameters in definition order, then rebuilds
+    them once in the order the gradients became ready. From 3 ranks on, an all-reduce's sum of each element
+    depends on where the element sits in the flat bucket (a ring reduces each chunk starting from another
+    rank, and float addition is not associative; with 2 ranks ``a + b == b + a``). So a run resumed at step
+    ``k`` reduced step ``k + 1`` in the first-step layout where the uninterrupted run had the rebuilt one,
+    and every tensor drifted from there (same batches, same losses, different reduced gradients).
+
+    Pinned: the parameters in reverse definition order (the last layers' gradients are ready first, as in
+    DDP's own first guess, so communication still overlaps the backward), cut into buckets by DDP's own size
+    caps, built now and never rebuilt. The module gets a new reducer over that order (a communication hook
+    already registered is registered on it again); every rank must call this, before the first training
+    backward (``on_train_start``; validation runs without gradients and does not count).
+
+    Returns:
+        Whether the layout is fixed: also true under ``find_unused_parameters``, whose buckets DDP never
+        rebuilds; false (and nothing changed) after a training step, or for ``static_graph`` (its first step
+        reduces every bucket at the backward's end, and torch then hands hooks bucket 0's index and
+        parameters for every bucket: a hook that reads them, top-k, would fail), DDP's native mixed
+        precision, its Python reducer (compiled autograd) or its delayed all-reduce of every parameter.
+    """
+    if ddp_module in _PINNED or ddp_module.find_unused_parameters:
+        return True
+    if (getattr(ddp_module, "_has_rebuilt_buckets", True)  # a training step ran (or an unknown DDP)
+            or getattr(ddp_module, "static_graph", True)
+            or getattr(ddp_module, "mixed_precision", None) is not None
+            or getattr(ddp_module, "_use_python_reducer", True)
+            or getattr(ddp_module, "_delay_all_reduce_all_params", True)):
+        return False
+    import torch.distributed as dist
+
+    hooks = list(getattr(ddp_module, "_comm_hooks", []))
+    parameters, expect_sparse_gradient = ddp_module._build_params_for_reducer()
+    parameters, expect_sparse_gradient = parameters[::-1], expect_sparse_gradient[::-1]
+    # a new reducer whose parameter indices run in reverse; the old one's autograd hooks go with it
+    ddp_module._ddp_init_helper(parameters, expect_sparse_gradient,
+                                ddp_module._build_debug_param_to_name_mapping(parameters), False)
+    for hook, state in hooks:
+        dist._register_comm_hook(ddp_module.reducer, state, hook)
+    # the one rebuild DDP allows, now, in index order (a broadcast of rank 0's buckets: every rank is here)
+    ddp_module.reducer._push_all_rebuilt_params()
+    ddp_module.reducer._rebuild_buckets()
+    ddp_module._has_rebuilt_buckets = True
+    _PINNED.add(ddp_module)
+    return True
 
 
 class NoiseScaleCommHook:
