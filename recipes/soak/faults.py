@@ -51,6 +51,10 @@ Invariants (each fault's problems name the one they break; the exit status is 1 
   ``step=*.ckpt`` (or of a ``best-*`` checkpoint of a later step, when the soak corrupted the last
   ``step=*.ckpt`` of a run that had ended: what a relaunch resumes from), against the reference
   run's newest ``step=*.ckpt``, and the same global step;
+- ``metric_history``: every metric key of the finished run, point for point (step and value), is the reference
+  run's: nothing a kill or a notice cut out, nothing logged twice or extra. The keys that measure the clock or
+  the interruptions themselves (``recipes.reproduce``'s ``DEFAULT_IGNORE``: time, cost, system, ``spot/*``)
+  are left out; a run whose store the soak replaced after a store kill is exempt;
 - ``one_mlflow_run``: exactly one MLflow run with the run's name, status FINISHED (and no launch
   creates a second one on the way);
 - ``no_run_left_running``: no run of the experiment is RUNNING at the end;
@@ -91,8 +95,9 @@ KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double
 STORE_KINDS = ("bucket_outage",)
 #: Kinds that need several ranks (``--ddp``).
 RANK_KINDS = ("skewed_rank", "frozen_rank")
-INVARIANTS = ("finished", "bitwise_equal", "one_mlflow_run", "no_run_left_running", "resumed_from_newest",
-              "no_checkpoint_lost", "clean_exit", "double_launch_refused", "store_usable", "pointer_complete")
+INVARIANTS = ("finished", "bitwise_equal", "metric_history", "one_mlflow_run", "no_run_left_running",
+              "resumed_from_newest", "no_checkpoint_lost", "clean_exit", "double_launch_refused", "store_usable",
+              "pointer_complete")
 CORRUPTED = {"truncate": "truncated", "flip": "byte-flipped"}
 
 

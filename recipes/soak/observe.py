@@ -102,6 +102,21 @@ class Store:
             return sorted((p for p in points if p[1] >= int(since_s * 1000)), key=lambda p: p[1])
         return self._read(read)
 
+    def history(self, name: str) -> dict[str, list[tuple[int, float]]]:
+        """Every metric key of the active run named ``name``: its (step, value) points in order."""
+        from mlflow.entities import ViewType
+
+        def read(client: MlflowClient) -> list[dict[str, list[tuple[int, float]]]]:
+            experiment = client.get_experiment_by_name(EXPERIMENT)
+            if experiment is None:
+                return []
+            runs = _search_runs(client, [experiment.experiment_id], f"attributes.run_name = '{name}'",
+                                ViewType.ACTIVE_ONLY)
+            return [{key: sorted((int(m.step), float(m.value)) for m in client.get_metric_history(r.info.run_id, key))
+                     for key in r.data.metrics} for r in runs]
+        found = self._read(read)
+        return found[0] if len(found) == 1 else {}
+
     def schema(self) -> dict[str, Any]:
         """Whether the store exists, its alembic revision (None: none yet) and its tables, read-only.
 

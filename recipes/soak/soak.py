@@ -707,11 +707,38 @@ class Soak:
         self.watches = [w for w in self.watches if w.fault.run_name != run.name]
         self.awaiting = []
         self.check_weights(run)
+        self.check_history(run)
         mlflow_runs = self.store.runs(run.name)
         run.checks["mlflow_runs"] = mlflow_runs
         if len(mlflow_runs) != 1 or mlflow_runs[0]["status"] != "FINISHED":
             run.fail("one_mlflow_run", f"{len(mlflow_runs)} MLflow runs named {run.name!r}: "
                      f"{[r['status'] for r in mlflow_runs]} (expected one, FINISHED)")
+
+    def check_history(self, run: RunState) -> None:
+        """The finished run's metric history against the reference's (see ``metric_history`` in faults.py)."""
+        import fnmatch
+
+        from recipes.reproduce import DEFAULT_IGNORE
+
+        if any(f.detail.get("store_replaced") for f in self.faults if f.run_name == run.name):
+            run.checks["history"] = "exempt: the store was replaced"
+            return
+
+        def compared(history: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+            return {k: v for k, v in history.items() if not any(fnmatch.fnmatch(k, p) for p in DEFAULT_IGNORE)}
+
+        expected = compared(Store(Path(self.reference["workdir"]) / "mlflow.db").history("reference"))
+        got = compared(self.store.history(run.name))
+        different = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+        run.checks["history"] = {"keys": len(expected), "points": sum(map(len, expected.values())),
+                                 "keys_different": different}
+        for key in different[:5]:
+            want, have = dict(expected.get(key, [])), dict(got.get(key, []))
+            missing = sorted(set(want) - set(have))
+            extra = sorted(set(have) - set(want))
+            changed = sorted(s for s in set(want) & set(have) if want[s] != have[s])
+            run.fail("metric_history", f"{key}: steps missing {missing[:8]}, extra {extra[:8]}, other values at "
+                                       f"{changed[:8]} (of {len(want)} points)")
 
     def check_weights(self, run: RunState) -> None:
         import torch
