@@ -43,7 +43,8 @@ key                        meaning
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
 ``storage/{ckpt_store,safe_load,remote_store}.py``,
-``utils/{notices,rng,compat,agreement,watchdog,save_schedule,drills,resume_record}.py``, ``analysis/ckpt_interval.py``.
+``utils/{notices,rng,compat,agreement,watchdog,save_schedule,drills,resume_record,comm_hooks}.py``,
+``analysis/ckpt_interval.py``.
 """
 
 from __future__ import annotations
@@ -63,12 +64,14 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
+from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from .checkpoint_io import METRICS_PENDING_KEY, RUN_METADATA_KEY, BoundedAsyncCheckpointIO, mirror_of
 from .storage import ckpt_store
 from .utils import notices
 from .utils.agreement import agree, distributed_world
+from .utils.comm_hooks import pin_bucket_layout
 from .utils.compat import validation_due
 from .utils.drills import FireDrill
 from .utils.resume_record import ELASTIC_TAG, lost_steps, tag_elastic  # noqa: F401 (ELASTIC_TAG: tests import it)
@@ -405,6 +408,8 @@ class SpotCheckpoint(Callback):
             self._pending_rng = None
         if self._resumed_step is not None and trainer.is_global_zero:
             self._log(trainer, {"spot/lost_steps": lost_steps(trainer.loggers, self._resumed_step)})
+        if isinstance(trainer.strategy.model, DistributedDataParallel):
+            pin_bucket_layout(trainer.strategy.model)  # a resume at 3+ ranks reduces as the uninterrupted run
         self.schedule.restart_clock()
         self._start_watchdog(trainer)
 

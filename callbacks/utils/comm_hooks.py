@@ -177,26 +177,10 @@ def pin_bucket_layout(ddp_module: torch.nn.parallel.DistributedDataParallel) -> 
     """
     if ddp_module in _PINNED or ddp_module.find_unused_parameters:
         return True
-    if (getattr(ddp_module, "_has_rebuilt_buckets", True)  # a training step ran (or an unknown DDP)
-            or getattr(ddp_module, "static_graph", True)
-            or getattr(ddp_module, "mixed_precision", None) is not None
-            or getattr(ddp_module, "_use_python_reducer", True)
-            or getattr(ddp_module, "_delay_all_reduce_all_params", True)):
-        return False
-    import torch.distributed as dist
+    from .compat import rebuild_ddp_buckets_in_reverse_order
 
-    hooks = list(getattr(ddp_module, "_comm_hooks", []))
-    parameters, expect_sparse_gradient = ddp_module._build_params_for_reducer()
-    parameters, expect_sparse_gradient = parameters[::-1], expect_sparse_gradient[::-1]
-    # a new reducer whose parameter indices run in reverse; the old one's autograd hooks go with it
-    ddp_module._ddp_init_helper(parameters, expect_sparse_gradient,
-                                ddp_module._build_debug_param_to_name_mapping(parameters), False)
-    for hook, state in hooks:
-        dist._register_comm_hook(ddp_module.reducer, state, hook)
-    # the one rebuild DDP allows, now, in index order (a broadcast of rank 0's buckets: every rank is here)
-    ddp_module.reducer._push_all_rebuilt_params()
-    ddp_module.reducer._rebuild_buckets()
-    ddp_module._has_rebuilt_buckets = True
+    if not rebuild_ddp_buckets_in_reverse_order(ddp_module):
+        return False
     _PINNED.add(ddp_module)
     return True
 

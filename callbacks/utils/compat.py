@@ -17,6 +17,9 @@ Checked against lightning 2.6 and torch 2.14:
   metadata torch.distributed.checkpoint writes.
 - :func:`ddp_comm_hook_names`: the communication hooks a DDP module has registered (DDP allows one and
   does not say whether it has one).
+- :func:`rebuild_ddp_buckets_in_reverse_order`: DDP fixes its gradient buckets itself (after the first step, in
+  gradient-ready order) and has no public way to choose them; a bitwise resume at 3+ ranks needs one layout
+  for the module's whole life (``utils/comm_hooks.py``'s ``pin_bucket_layout`` says why).
 - :func:`time_every_save`: Lightning has no hook after a checkpoint is written; every save goes through
   ``trainer.save_checkpoint``, which is wrapped on the trainer instance.
 
@@ -85,6 +88,34 @@ def torch_allowed_globals() -> dict[str, Any]:
 def ddp_comm_hook_names(ddp_module: Any) -> list[str]:
     """The names of the communication hooks registered on a DDP module (empty: none)."""
     return [getattr(hook, "__qualname__", repr(hook)) for hook, _ in getattr(ddp_module, "_comm_hooks", [])]
+
+
+def rebuild_ddp_buckets_in_reverse_order(ddp_module: Any) -> bool:
+    """Give a DDP module, before its first training step, buckets over its parameters in reverse definition order
+    (DDP's own size caps), built now and never rebuilt; a hook already registered is registered again. Every
+    rank must call it. False, and nothing changed, where DDP would not take it: after a training step, under
+    ``static_graph``, native mixed precision, the Python reducer or the delayed all-reduce of every parameter."""
+    if (getattr(ddp_module, "_has_rebuilt_buckets", True)
+            or getattr(ddp_module, "static_graph", True)
+            or getattr(ddp_module, "mixed_precision", None) is not None
+            or getattr(ddp_module, "_use_python_reducer", True)
+            or getattr(ddp_module, "_delay_all_reduce_all_params", True)):
+        return False
+    import torch.distributed as dist
+
+    hooks = list(getattr(ddp_module, "_comm_hooks", []))
+    parameters, expect_sparse_gradient = ddp_module._build_params_for_reducer()
+    parameters, expect_sparse_gradient = parameters[::-1], expect_sparse_gradient[::-1]
+    # a new reducer whose parameter indices run in reverse; the old one's autograd hooks go with it
+    ddp_module._ddp_init_helper(parameters, expect_sparse_gradient,
+                                ddp_module._build_debug_param_to_name_mapping(parameters), False)
+    for hook, state in hooks:
+        dist._register_comm_hook(ddp_module.reducer, state, hook)
+    # the one rebuild DDP allows, now, in index order (a broadcast of rank 0's buckets: every rank is here)
+    ddp_module.reducer._push_all_rebuilt_params()
+    ddp_module.reducer._rebuild_buckets()
+    ddp_module._has_rebuilt_buckets = True
+    return True
 
 
 def time_every_save(trainer: Trainer, timed: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]

@@ -140,6 +140,37 @@ def test_ddp_comm_hook_names_lists_the_hook_a_ddp_module_registered(tmp_path: Pa
         dist.destroy_process_group()
 
 
+class _ThreeLayers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(2, 3), torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.b(self.a(x)))
+
+
+def test_rebuild_ddp_buckets_in_reverse_order_reorders_the_reducer_once(tmp_path: Path) -> None:
+    """One process: the reducer's parameters run last layer first and DDP takes it as its one rebuild."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = _ThreeLayers()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(state=None, hook=allreduce_hook)
+        assert compat.rebuild_ddp_buckets_in_reverse_order(ddp), \
+            "compat.rebuild_ddp_buckets_in_reverse_order: DDP's reducer internals changed"
+        assert ddp._module_parameters == list(model.parameters())  # the module's own list is untouched
+        assert compat.ddp_comm_hook_names(ddp) == ["allreduce_hook"]  # the hook is on the new reducer
+        ddp(torch.ones(4, 2)).sum().backward()  # a step in the new layout: every gradient arrives
+        assert all(p.grad is not None for p in model.parameters())
+        assert not compat.rebuild_ddp_buckets_in_reverse_order(ddp)  # once only
+    finally:
+        dist.destroy_process_group()
+
+
 def test_time_every_save_sees_each_checkpoint_callback_save_and_undoes(tmp_path: Path) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
