@@ -112,6 +112,8 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("steps", "warmup", "rounds", "max_bytes"):
         if settings[name] < 1:
             raise UsageError(f"--{name.replace('_', '-')} {settings[name]} must be >= 1")
+    if not settings["budget_s"] > 0:
+        raise UsageError(f"--budget-s {settings['budget_s']} must be > 0")
     if settings["saves"] < 2:
         raise UsageError(f"--saves {settings['saves']} must be >= 2 (the first save allocates the buffer)")
     if settings["steps"] <= settings["warmup"] + 1:

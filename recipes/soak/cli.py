@@ -98,6 +98,12 @@ def validate(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1"
     if args.batches < 0:
         return f"--batches {args.batches} must be >= 0"
+    if args.seed < 0:
+        return f"--seed {args.seed} must be >= 0"
+    if not args.launch_timeout > 0:
+        return f"--launch-timeout {args.launch_timeout} must be > 0"
+    if args.tmpfs_mb < 1:
+        return f"--tmpfs-mb {args.tmpfs_mb} must be >= 1"
     if not (Path(args.repo) / "recipes" / "fit.py").is_file():
         return f"--repo {args.repo} has no recipes/fit.py"
     if args.workdir and Path(args.workdir).exists() and any(Path(args.workdir).iterdir()):

@@ -297,25 +297,13 @@ def tool_parsers() -> dict[str, tuple[argparse.ArgumentParser, list[str]]]:
 HOSTILE = {int: ["-1"], float: ["-1", "nan", "inf"]}
 #: Options for which a hostile value is a value (the command then does its work, here a cheap one: run, exit 0).
 ACCEPTED = {("recipes.sample", "--seed", "-1"): "any 64-bit seed"}
-#: Options of modules this change did not own that still start their work with a negative value (the soak's and the
-#: GPU benchmark's own checks): listed so that the walk stays exhaustive; not run (each would run for minutes).
-KNOWN_GAPS = {
-    ("recipes.bench chaos", "--seed", "-1"), ("recipes.bench chaos", "--faults-per-run", "-1"),
-    ("recipes.bench chaos", "--launch-timeout", "-1"), ("recipes.bench chaos", "--tmpfs-mb", "-1"),
-    ("recipes.bench gpu", "--rounds", "-1"), ("recipes.bench gpu", "--budget-s", "-1"),
-}
-
-
 def hostile_cases() -> list:
     cases = []
     for tool, (parser, base) in tool_parsers().items():
         for action in parser._actions:
             for value in HOSTILE.get(action.type, []) if action.option_strings else []:
                 key = (tool, action.option_strings[0], value)
-                marks = [pytest.mark.xfail(run=False, reason="starts its work: recipes/soak/cli.py and "
-                                                             "recipes/bench/gpu.py do not check it")] \
-                    if key in KNOWN_GAPS else []
-                cases.append(pytest.param(*key, base, marks=marks, id=" ".join(key)))
+                cases.append(pytest.param(*key, base, id=" ".join(key)))
     return cases
 
 
