@@ -178,7 +178,7 @@ class SpotCheckpoint(Callback):
                             ("poll_interval_s", poll_interval_s), ("keep", keep), ("rate_period_h", rate_period_h),
                             ("notice_grace_s", notice_grace_s), ("stall_floor_s", stall_floor_s),
                             ("stall_factor", stall_factor)):
-            if value is not None and value <= 0:
+            if value is not None and not value > 0:  # NaN included
                 raise ValueError(f"SpotCheckpoint({name}={value!r}) must be positive.")
         self.provider = provider
         self.metadata_url = metadata_url

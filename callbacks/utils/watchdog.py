@@ -96,13 +96,13 @@ class PeerBoard:
 
     def read(self) -> dict[int, dict[str, Any] | None]:
         """Every rank's last heartbeat (``None``: never published, or the store does not answer for it)."""
-        beats: dict[int, dict[str, Any] | None] = {}
+        beats: dict[int, dict[str, Any] | None] = dict.fromkeys(range(self.world_size))
         for rank in range(self.world_size):
             key = f"{HEARTBEAT_PREFIX}{rank}"
             try:
                 beats[rank] = json.loads(self.store.get(key)) if self.store.check([key]) else None
-            except Exception:  # a store that stopped answering is itself the answer
-                beats[rank] = None
+            except Exception:  # the store stopped answering (its host hung): no rank's heartbeat can be read
+                break
         return beats
 
 
@@ -171,7 +171,7 @@ class HangWatchdog:
                  notice_grace_s: float = 20.0, stall_floor_s: float = 300.0, stall_factor: float = 20.0,
                  board: PeerBoard | None = None, period_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if notice_grace_s <= 0 or stall_floor_s <= 0 or stall_factor <= 0 or period_s <= 0:
+        if not all(v > 0 for v in (notice_grace_s, stall_floor_s, stall_factor, period_s)):  # NaN included
             raise ValueError(f"HangWatchdog(notice_grace_s={notice_grace_s!r}, stall_floor_s={stall_floor_s!r}, "
                              f"stall_factor={stall_factor!r}, period_s={period_s!r}): each must be positive.")
         self.on_hang, self.rank, self.notice_signals = on_hang, rank, notice_signals

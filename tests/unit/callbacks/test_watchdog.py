@@ -161,7 +161,26 @@ def test_a_real_signal_to_a_blocked_main_thread_reaches_the_watchdog() -> None:
         os.close(unblock_w)
 
 
-@pytest.mark.parametrize("bad", [{"notice_grace_s": 0.0}, {"stall_floor_s": -1.0}, {"stall_factor": 0.0}])
+@pytest.mark.parametrize("bad", [{"notice_grace_s": 0.0}, {"stall_floor_s": -1.0}, {"stall_factor": 0.0},
+                                 {"stall_factor": float("nan")}])
 def test_non_positive_settings_are_refused_by_name(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         HangWatchdog(lambda line: None, rank=0, notice_signals=set(), **bad)
+
+
+def test_a_store_that_stops_answering_is_read_once_not_once_per_rank() -> None:
+    """The store's host hung (global rank 0 under Lightning's launcher): one timeout, then every rank unknown."""
+    class Hung:
+        calls = 0
+
+        def set(self, key: str, value: str) -> None: ...
+
+        def check(self, keys: list[str]) -> bool:
+            Hung.calls += 1
+            raise TimeoutError("the store did not answer")
+
+        def get(self, key: str) -> bytes:
+            raise AssertionError("not reached")
+
+    assert PeerBoard(Hung(), rank=1, world_size=4).read() == {0: None, 1: None, 2: None, 3: None}
+    assert Hung.calls == 1
