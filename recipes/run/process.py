@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from callbacks.cpu_threads import AdaptiveCpuThreads, FixedCpuThreads
 from callbacks.spot import REQUEUE_EXIT_CODE
 from recipes.run.common import SIGINT_EXIT_CODE, UsageError
+from recipes.run.errors import out_of_space
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,22 @@ class _DropLines(logging.Filter):
         return not str(record.msg).startswith(self.prefixes)
 
 
+class _DropOutOfSpace(logging.Filter):
+    """Drop a record logged about a write that failed for lack of space (its exception, or the one being handled
+    where it was logged: MLflow's async writer logs its failure inside its ``except``, without ``exc_info``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info and record.exc_info[1] is not None else sys.exc_info()[1]
+        return err is None or out_of_space(err) is None
+
+
+#: MLflow's loggers that print a full store's failed writes, each with its traceback (several per logging window):
+#: the run says it once, in the one line that ends it (``recipes.run.errors.store_full_message``).
+MLFLOW_WRITE_LOGGERS = ("mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue",
+                        "mlflow.system_metrics.system_metrics_monitor", "mlflow.tracking._tracking_service.client")
+_DROP_OUT_OF_SPACE = _DropOutOfSpace()
+
+
 def quiet_known_noise() -> None:
     """Silence what is known to be harmless and outside this project's control; real warnings stay.
 
@@ -136,13 +153,17 @@ def quiet_known_noise() -> None:
       (``LeafSpec``, ``set_vital``), which a user cannot act on;
     - ModelCheckpoint's "Checkpoint directory ... exists and is not empty" on every resume: the directory
       holds the run's own checkpoints (``--fresh true`` sets them aside);
-    - MLflow's "View run ... at: URL" at every end of a run (the end table shows the page once).
+    - MLflow's "View run ... at: URL" at every end of a run (the end table shows the page once);
+    - MLflow's ERROR lines and tracebacks for each write a full tracking store refused (the run ends with one line
+      that says so: ``recipes.run.errors.store_full_message``).
     """
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLines("💡 Tip:"))
     os.environ.setdefault(MLFLOW_QUIET_URL_ENV, "true")  # the run's page is printed once, in the end table
     for name in ("mlflow.system_metrics", "mlflow.store.db.utils", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in MLFLOW_WRITE_LOGGERS:
+        logging.getLogger(name).addFilter(_DROP_OUT_OF_SPACE)  # once: the same filter object
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated")
     warnings.filterwarnings("ignore", message=r".*'set_vital' is deprecated")
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
