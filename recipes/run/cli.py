@@ -84,7 +84,7 @@ from recipes.run.context import (
     run_tags,
     torchrun_nodes,
 )
-from recipes.run.errors import disk_error, lost_peer, parse_error_message
+from recipes.run.errors import lost_peer, machine_failure, out_of_space, parse_error_message
 from recipes.run.lock import RunLock, RunLocked
 from recipes.run.process import (
     STOP_EXCEPTIONS,
@@ -106,7 +106,7 @@ from recipes.run.process import (
 )
 from recipes.run.resumable_logger import ResumableMLFlowLogger
 from recipes.run.shutdown import destroy_process_group
-from recipes.run.tracking import RUN_DIR_TAG, TrackingError, redact
+from recipes.run.tracking import RUN_DIR_TAG, TrackingError, flush_async_metrics, redact
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +125,6 @@ _MAX_PARAM_LENGTH = 6000
 
 class AlreadyComplete(Exception):
     """The run being relaunched finished already with this config: nothing to train (exit code 0)."""
-
-
-def flush_async_metrics() -> None:
-    """Wait until MLflow's async queue (of the current tracking URI's store) has written every metric."""
-    try:
-        mlflow.flush_async_logging()
-    except Exception as err:  # the store itself may be what failed; the run's outcome stands
-        log.error("Could not flush the MLflow metrics still queued: %s", err)
 
 
 def _short_class(value: Any) -> str:
@@ -260,9 +252,11 @@ class AtscaleCLI(LightningCLI):
             self._lock_run(self.context, cfg.runs_root)
             try:
                 tracking.ensure_store(tracking_uri)
-            except TrackingError as err:
+            except BaseException as err:  # refused (exit 2) or failed (a full disk: exit 1): no lock left behind
                 self._release_lock()
-                raise UsageError(str(err)) from err
+                if isinstance(err, TrackingError):
+                    raise UsageError(str(err)) from err
+                raise
         try:
             ckpt_path, run_id = resolve_resume(cfg, self.context)
             if not launched_by_parent() and not cfg.fresh:
@@ -437,6 +431,9 @@ class AtscaleCLI(LightningCLI):
                 # checkpoints may come from a shared bucket: never unpickle code from them
                 self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ctx.ckpt_path,
                                  weights_only=True)
+            if run_id is not None:  # the store's last writes come after Lightning's FINISHED: all in, or it failed
+                tracking.confirm_metrics(logger, self.trainer.log_every_n_steps, self.trainer.global_step,
+                                         continued=bool(ctx.mlflow_run_id))
         except BaseException as err:
             if logger is not None and run_id is not None:
                 # never leave the run RUNNING: a stopped attempt is KILLED (the relaunch continues it)
@@ -445,8 +442,10 @@ class AtscaleCLI(LightningCLI):
                     isinstance(err, Exception) and lost_peer(err) is not None)
                 try:
                     logger.experiment.set_terminated(run_id, "KILLED" if stopped else "FAILED")
-                except Exception as mark_err:  # the store itself may be what failed
-                    log.error("Could not mark MLflow run %s as ended: %s", run_id, mark_err)
+                except Exception as mark_err:  # the store itself may be what failed (full: the end line says so)
+                    self.status_unwritten = out_of_space(mark_err) is not None
+                    if not self.status_unwritten:
+                        log.error("Could not mark MLflow run %s as ended: %s", run_id, mark_err)
             raise
         finally:
             if logger is not None and self.trainer.is_global_zero:
@@ -588,10 +587,12 @@ def _run_cli(args: list[str] | None, **kwargs: Any) -> int:
             print(f"error: a peer process was lost ({peer}): the run stopped; relaunch to resume it from its newest "
                   "checkpoint (torchrun --nnodes MIN:MAX restarts on the nodes left).", file=sys.stderr)
             return REQUEUE_EXIT_CODE
-        disk = disk_error(err)
-        if disk is None:
+        trainer = getattr(cli, "trainer", None)  # a full tracking store or disk: the machine's, in one line
+        line = machine_failure(err, cli.context.tracking_uri if cli is not None and cli.context else None,
+                               trainer.global_step if trainer is not None else None,
+                               getattr(cli, "status_unwritten", False))
+        if line is None:
             raise
-        print(f"error: {redact(str(disk))}. The run stopped; make room and relaunch the same command to resume "
-              "from the newest good checkpoint.", file=sys.stderr)
+        print(redact(line), file=sys.stderr)
         return 1
 

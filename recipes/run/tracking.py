@@ -22,6 +22,8 @@ Imports no torch or Lightning (the tools that do not train use it too).
 from __future__ import annotations
 
 import base64
+import itertools
+import logging
 import os
 import re
 import secrets
@@ -29,8 +31,13 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from recipes.run.errors import MetricsRefused, StoreFull, out_of_space, space_reason
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 #: Tag of an MLflow run naming where its files live (a local run directory or an object-storage URL).
@@ -253,6 +260,10 @@ def ensure_store(uri: str) -> bool:
     ("out-of-date database schema"). Here the store is migrated under a temporary name next to it and
     then hard-linked into place: ``link`` fails if another process won the race (its store is used),
     and the final name only ever names a complete database. Other stores are left to MLflow.
+
+    Raises:
+        TrackingError: the store cannot be made here (a bad folder: the input's fault).
+        StoreFull: its disk has no room for it (the machine's fault); nothing of it is left behind.
     """
     db = sqlite_path(uri)
     if db is None or db.exists():
@@ -260,6 +271,7 @@ def ensure_store(uri: str) -> bool:
     try:
         db.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
+        _raise_if_full(uri, err)
         raise TrackingError(f"cannot create the MLflow store {uri}: {err.strerror or err}") from err
     _remove_stale_attempts(db)
     tmp = db.with_name(f".{db.name}.creating-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}")
@@ -274,12 +286,21 @@ def ensure_store(uri: str) -> bool:
             created = True
         except FileExistsError:  # another launch made it first
             created = False
-    except OSError as err:
+    except Exception as err:  # SQLite's "database or disk is full" comes as MLflow's and SQLAlchemy's errors
+        _raise_if_full(uri, err)
+        if not isinstance(err, OSError):
+            raise
         raise TrackingError(f"cannot create the MLflow store {uri}: {err.strerror or err}") from err
     finally:
         for leftover in tmp.parent.glob(f"{tmp.name}*"):  # the database and any journal beside it
             leftover.unlink(missing_ok=True)
     return created
+
+
+def _raise_if_full(uri: str, err: BaseException) -> None:
+    full = out_of_space(err)
+    if full is not None:
+        raise StoreFull(redact(uri), space_reason(full)) from err
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -324,3 +345,80 @@ def find_run(client: Any, experiment: str, location: str) -> str | None:
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{quoted}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0].info.run_id if runs else None
+
+
+def flush_async_metrics() -> None:
+    """Wait until MLflow's async queue (of the current tracking URI's store) has written every metric."""
+    import mlflow
+
+    try:
+        mlflow.flush_async_logging()
+    except Exception as err:  # the store itself may be what failed; the run's outcome stands
+        log.error("Could not flush the MLflow metrics still queued: %s", err)
+
+
+def confirm_metrics(logger: Any, every: int, trained: int, continued: bool) -> None:
+    """After training, on the process that logs: every metric point in the store, or the run fails resumable.
+
+    MLflow's async queue writes its last points as the run ends, after Lightning's ``finalize`` has marked it
+    FINISHED; a store that refuses them (a full disk) left a "finished" run without them, and its relaunch found
+    nothing to do. ``logger`` is the CLI's ``ResumableMLFlowLogger``: its ``unconfirmed()`` sees each write's
+    outcome, and the newest checkpoint's record carries the refused points (``callbacks.checkpoint_io.PublishGate``).
+    A continued run (a relaunch) then checks its history for points that nothing restored: :func:`lost_points`.
+
+    Raises:
+        MetricsRefused: the store refused a write; its ``__cause__`` is the store's error.
+    """
+    unconfirmed = getattr(logger, "unconfirmed", None)
+    if unconfirmed is None:
+        return
+    flush_async_metrics()
+    _, refused = unconfirmed()
+    if refused is not None:
+        raise MetricsRefused(f"the tracking store refused the run's last metric points ({refused})") from refused
+    if continued:
+        lost = lost_points(logger.experiment, logger.run_id, every, trained)
+        if lost:
+            log.warning("%s", lost)
+
+
+#: Keys :func:`lost_points` checks: those training logs every ``log_every_n_steps`` steps.
+LOGGED_EVERY_STEP_PREFIX = "train/"
+
+
+def lost_steps(history: Mapping[str, Iterable[int]], every: int, trained: int) -> dict[str, list[int]]:
+    """The logging steps before ``trained`` that each key logged at every logging step lacks.
+
+    Lightning logs training metrics at the steps ``s`` with ``(s + 1) % every == 0`` (``log_every_n_steps``), and
+    at the step a run stops (off that cadence: not counted). A key counts as logged at every logging step when two
+    of its points are at consecutive ones; a key logged once an epoch (its points an epoch apart) or with a single
+    point is not judged.
+    """
+    lost: dict[str, list[int]] = {}
+    if every < 1:
+        return lost
+    for key, steps in history.items():
+        held = sorted({s for s in steps if (s + 1) % every == 0})
+        if not any(b - a == every for a, b in itertools.pairwise(held)):
+            continue
+        missing = sorted(set(range(every - 1, trained, every)) - set(held))
+        if missing:
+            lost[key] = missing
+    return lost
+
+
+def lost_points(client: Any, run_id: str, every: int, trained: int, shown: int = 10) -> str | None:
+    """One warning naming the keys and steps of ``train/*`` points the run's history lacks (:func:`lost_steps`),
+    or ``None``: points the store lost that no checkpoint's record kept, which a relaunch cannot log again."""
+    keys = [k for k in client.get_run(run_id).data.metrics if k.startswith(LOGGED_EVERY_STEP_PREFIX)]
+    lost = lost_steps({k: [m.step for m in client.get_metric_history(run_id, k)] for k in sorted(keys)}, every,
+                      trained)
+    if not lost:
+        return None
+
+    def steps(missing: list[int]) -> str:
+        more = f" and {len(missing) - shown} more" if len(missing) > shown else ""
+        return f"step{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:shown]))}{more}"
+
+    return ("Metric points that the tracking store lost could not be restored (no checkpoint's record kept them): "
+            + "; ".join(f"{key} at {steps(missing)}" for key, missing in lost.items()) + ".")
