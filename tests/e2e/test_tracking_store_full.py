@@ -113,7 +113,7 @@ def test_a_full_store_is_one_line_exit_1_and_the_relaunch_restores_every_point(
         subprocess.run(["mount", "-o", "remount,size=8m", str(store)], check=True)  # space freed
     second = run_fit(tmp_path, *ARGS, env=store_env(tmp_path, store))
     assert second.returncode == 0, second.stderr[-5000:]
-    assert "Traceback" not in second.stderr
+    assert "Traceback" not in second.stderr and "could not be restored" not in second.stderr, second.stderr[-5000:]
     assert_same_history(reference, store)  # one FINISHED run, every key's history the reference's
 
 
