@@ -10,7 +10,10 @@
 - :func:`ensure_store`: a new sqlite store is created and migrated under a temporary name and then
   linked into place, so concurrent first launches do not race in MLflow's schema migration and a kill
   at any moment leaves either no store or a complete one (MLflow migrates a new store in place, and
-  a half-migrated one refuses every later run).
+  a half-migrated one refuses every later run); on a full disk it leaves nothing and says so in one line.
+- :func:`confirm_metrics`: once training returns, every metric point is in the store or the run fails,
+  resumable (a full store refused MLflow's last flush after Lightning had marked the run FINISHED); a
+  relaunch names the ``train/*`` points its history still lacks (:func:`lost_steps`).
 - :func:`find_run`: the MLflow run that a run directory belongs to, by the ``atscale.run_dir`` tag
   set when the run is created, so a relaunch after a kill before the first checkpoint continues it.
 - :func:`redact`: passwords in URLs replaced by ``***`` in any text that is stored or printed;
