@@ -55,7 +55,7 @@ def ranks(n: int) -> tuple[str, ...]:
 def test_time_triggered_saves_on_a_skewed_rank_finish(tmp_path: Path, strategy: str, world: int,
                                                       interval: tuple[str, ...]) -> None:
     """Rank 1 reads its clock 20 ms after the others at every step: each rank alone would split the saves."""
-    result = run_fit(tmp_path, *DIGITS, *STRATEGY[strategy], *ranks(world), *interval, "--trainer.max_epochs", "3",
+    result = run_fit(tmp_path, *DIGITS, *STRATEGY[strategy], *ranks(world), *interval, "--trainer.max_epochs", "2",
                      "--run_name", "t", fault("SkewRank", rank=1, sleep_s=0.02), timeout=HANG_S)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs_of(tmp_path, "digits")
