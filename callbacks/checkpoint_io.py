@@ -102,6 +102,7 @@ class PublishGate:
         self._submitted = 0  # saves handed to the writer so far
         self._release_upto = 0  # saves submitted before the training thread last waited for publications
         self._publisher: ThreadPoolExecutor | None = None
+        self._last: Future | None = None  # the last task handed to the publisher
         self._error: BaseException | None = None
         self._local = threading.local()  # the save the calling thread is writing (a writer's submission number)
 
@@ -149,7 +150,7 @@ class PublishGate:
             except BaseException as err:
                 self._fail(err)
 
-        self._publisher.submit(run)
+        self._last = self._publisher.submit(run)
 
     def _fail(self, err: BaseException) -> None:
         with self._cond:
@@ -180,6 +181,20 @@ class PublishGate:
         if error is not None:
             raise error
 
+    def settled(self) -> bool:
+        """Whether every publication handed over so far is done."""
+        return self._last is None or self._last.done()
+
+    def settle(self) -> None:
+        """Wait for the publications handed over so far (training thread, before its next save: one save in
+        flight at most, its upload included, as the writer bounds the writes). They go at once: the training
+        thread is past their steps' logging."""
+        with self._cond:
+            self._release_upto = self._submitted
+            self._cond.notify_all()
+        if self._last is not None:
+            self._last.result()
+
     def drain(self) -> None:
         """Wait for every publication handed over so far (training thread); raise the first one that failed."""
         with self._cond:
@@ -187,7 +202,7 @@ class PublishGate:
             self._cond.notify_all()
         if self._publisher is not None:  # its thread ends too: a later save starts another
             self._publisher.shutdown(wait=True)
-            self._publisher = None
+            self._publisher, self._last = None, None
         self.check()
 
 
@@ -408,12 +423,17 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         return sum(self.save_waits_s)
 
     def _wait_for_previous(self) -> None:
-        """Block until the save submitted before has been written: only then may its staging buffer be reused."""
-        if self._drained is None or self._drained.done():
+        """Block until the save submitted before has been written (only then may its staging buffer be reused)
+        and published (its upload included: one save in flight at most)."""
+        published = self.gate is None or self.gate.settled()
+        if (self._drained is None or self._drained.done()) and published:
             self.save_waits_s.append(0.0)
         else:
             started = time.monotonic()
-            self._drained.result()
+            if self._drained is not None:
+                self._drained.result()
+            if self.gate is not None:
+                self.gate.settle()
             waited = time.monotonic() - started
             self.save_waits_s.append(waited)
             # a wait of a few steps is the queue doing its job; a long one is worth acting on

@@ -59,14 +59,16 @@ def test_a_written_save_is_published_once_training_passed_its_step_with_the_unco
     assert wait_for(path.exists)  # written by the writer...
     time.sleep(0.2)
     assert ckpt_store.read_record(path) is None and logger.asked == 0  # ...not published: step 20 not logged yet
-    io.save_checkpoint(checkpoint(21), tmp_path / "step=00000021.ckpt")  # the next save does not wait for it
     logger.points.append(["train/loss", 0.4, 20, 1010])  # step 20's own point, logged after its save
     gate.passed(20)  # the loop reached step 21's start
     assert wait_for(lambda: ckpt_store.read_record(path) is not None)
     assert pending(path) == [["train/loss", 0.5, 19, 1000], ["train/loss", 0.4, 20, 1010]]
-    assert ckpt_store.read_record(tmp_path / "step=00000021.ckpt") is None
+    later = tmp_path / "step=00000025.ckpt"
+    io.save_checkpoint(checkpoint(25), later)
+    io.save_checkpoint(checkpoint(26), tmp_path / "step=00000026.ckpt")  # the next save waits for 25's publication
+    assert ckpt_store.read_record(later) is not None  # released: the training thread is past step 25's logging
     io.teardown()  # the training thread waits: what is left is published at once
-    assert pending(tmp_path / "step=00000021.ckpt") is not None
+    assert pending(tmp_path / "step=00000026.ckpt") is not None
 
 
 def test_a_save_on_the_training_thread_is_published_at_once(tmp_path: Path) -> None:
