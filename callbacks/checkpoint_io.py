@@ -181,6 +181,12 @@ class PublishGate:
         if error is not None:
             raise error
 
+    def _release_all(self) -> None:
+        """The training thread waits for the publications: those handed over so far go without waiting."""
+        with self._cond:
+            self._release_upto = self._submitted
+            self._cond.notify_all()
+
     def settled(self) -> bool:
         """Whether every publication handed over so far is done."""
         return self._last is None or self._last.done()
@@ -189,17 +195,13 @@ class PublishGate:
         """Wait for the publications handed over so far (training thread, before its next save: one save in
         flight at most, its upload included, as the writer bounds the writes). They go at once: the training
         thread is past their steps' logging."""
-        with self._cond:
-            self._release_upto = self._submitted
-            self._cond.notify_all()
+        self._release_all()
         if self._last is not None:
             self._last.result()
 
     def drain(self) -> None:
         """Wait for every publication handed over so far (training thread); raise the first one that failed."""
-        with self._cond:
-            self._release_upto = self._submitted
-            self._cond.notify_all()
+        self._release_all()
         if self._publisher is not None:  # its thread ends too: a later save starts another
             self._publisher.shutdown(wait=True)
             self._publisher, self._last = None, None

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Agreed", "agree"]
+__all__ = ["Agreed", "agree", "distributed_world"]
 
 
 @dataclass(frozen=True)
