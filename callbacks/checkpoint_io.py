@@ -270,6 +270,40 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             self.mirror.try_remove(Path(path).name)
 
 
+def atomic_io_of(io: CheckpointIO | None) -> AtomicCheckpointIO | None:
+    """The ``AtomicCheckpointIO`` behind a trainer's checkpoint IO (seen through ``AsyncCheckpointIO``), if any."""
+    while io is not None:
+        if isinstance(io, AtomicCheckpointIO):
+            return io
+        io = getattr(io, "checkpoint_io", None)
+    return None
+
+
+def require_atomic_io(trainer: Any, owner: str) -> None:
+    """Give ``trainer`` an :class:`AtomicCheckpointIO`, or refuse at setup with one line naming what is missing.
+
+    The callbacks that save (``SpotCheckpoint``, ``PublishedModelCheckpoint``) find, verify and prune their
+    checkpoints by the integrity records this IO writes; a plain ``Trainer`` has Lightning's
+    ``TorchCheckpointIO``, which writes none: pruning then keeps every save and a resume finds no good
+    checkpoint, with no warning. So Lightning's own IO (alone, or inside ``AsyncCheckpointIO``) is replaced
+    by this one; any other IO is the user's and cannot be wrapped safely: refused with a ``ValueError``.
+    """
+    strategy = trainer.strategy
+    io = strategy.checkpoint_io
+    if atomic_io_of(io) is not None:
+        return
+    if type(io) is TorchCheckpointIO:
+        strategy.checkpoint_io = AtomicCheckpointIO()
+        return
+    if isinstance(io, AsyncCheckpointIO) and type(io.checkpoint_io) in (TorchCheckpointIO, type(None)):
+        strategy.checkpoint_io = type(io)(AtomicCheckpointIO())  # the wrapper's own setter keeps its first IO
+        return
+    raise ValueError(f"{owner} needs the trainer's checkpoint IO to be AtomicCheckpointIO (it writes the integrity "
+                     f"records that pruning and resume read), but the trainer has {type(io).__name__}: pass "
+                     "plugins=[AtomicCheckpointIO()] (or BoundedAsyncCheckpointIO(AtomicCheckpointIO())) to the "
+                     "Trainer.")
+
+
 def mirror_of(io: CheckpointIO | None) -> RemoteCheckpoints | None:
     """The object-storage mirror behind a trainer's checkpoint IO (seen through ``AsyncCheckpointIO``), if any."""
     while io is not None:

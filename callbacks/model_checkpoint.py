@@ -4,7 +4,9 @@ A file checkpoint goes through the trainer's checkpoint IO, which writes its int
 uploads it (``AtomicCheckpointIO``). A distributed checkpoint, a directory of shards written by
 ``torch.distributed.checkpoint``, bypasses the checkpoint IO, so ModelCheckpoint's best-k
 directories would get no record: a resume could not verify them and object storage would never
-see them. This subclass records and uploads such a directory once every rank has written it.
+see them. This subclass records and uploads such a directory once every rank has written it. A trainer
+without ``AtomicCheckpointIO`` gets it at setup (its file checkpoints would have no record either); another
+IO stops the fit at setup with one line.
 
 Example::
 
@@ -18,11 +20,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from .checkpoint_io import mirror_of
+from .checkpoint_io import mirror_of, require_atomic_io
 from .storage import ckpt_store
 
 
@@ -33,6 +35,12 @@ def mlflow_run_id(trainer: Trainer) -> str | None:
 
 class PublishedModelCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` that gives directory checkpoints an integrity record and uploads them if mirrored."""
+
+    @override
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit":
+            require_atomic_io(trainer, type(self).__name__)  # records for file checkpoints too
+        super().setup(trainer, pl_module, stage)
 
     @override
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:

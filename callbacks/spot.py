@@ -20,6 +20,10 @@ loop does not act on within ``notice_grace_s``, or a stall longer than a timeout
 steps, ends the process tree with one line naming the silent rank and the collective, the MLflow run marked
 KILLED, and exit 75; the relaunch resumes from the newest good checkpoint.
 
+It needs the trainer's checkpoint IO to be ``AtomicCheckpointIO`` (from ``checkpoint_io.py``), whose
+integrity records pruning and resume read: a ``Trainer`` without one (Lightning's default IO, alone or inside
+``AsyncCheckpointIO``) gets it at setup; any other IO stops the fit at setup with one line saying so.
+
 Every checkpoint this callback writes carries the RNG states of every rank (Python, NumPy,
 torch, CUDA) and the MLflow run id; with a stateful training loader (Lightning saves its
 position) a resumed run continues bitwise where the interrupted one stopped. Periodic saves
@@ -67,7 +71,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from .checkpoint_io import METRICS_PENDING_KEY, RUN_METADATA_KEY, BoundedAsyncCheckpointIO, mirror_of
+from .checkpoint_io import (
+    METRICS_PENDING_KEY,
+    RUN_METADATA_KEY,
+    BoundedAsyncCheckpointIO,
+    mirror_of,
+    require_atomic_io,
+)
 from .storage import ckpt_store
 from .utils import notices
 from .utils.agreement import agree, distributed_world
@@ -382,6 +392,7 @@ class SpotCheckpoint(Callback):
     def setup(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        require_atomic_io(trainer, type(self).__name__)  # its records are what pruning and resume read
         run_id = None
         if trainer.is_global_zero:
             run_id = next((getattr(lg, "run_id", None) for lg in trainer.loggers if getattr(lg, "run_id", None)),
