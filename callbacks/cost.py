@@ -64,7 +64,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -72,8 +74,10 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from .analysis import goodput
 from .analysis.cost_model import run_cost, savings_pct
 from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
+from .utils.compat import time_every_save
 from .utils.steps_file import PROGRESS_FILE, StepsFile, read_steps_run
 
 if TYPE_CHECKING:
@@ -81,7 +85,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Sidecar file, beside the checkpoints, holding the job's optimizer steps run (redone ones included).
+#: Where the ledger's clock is between hooks -> the category the seconds since the last mark go to.
+_CONTEXTS = ("startup", "between", "step", "validation", "checkpoint", "tail")
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process was spawned (Linux ``/proc``), or None where that cannot be read."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted from after the name
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - started)
 
 
 def default_instances(instance: Instance, world_size: int, num_nodes: int) -> int:
@@ -118,11 +134,18 @@ class CostTracker(Callback):
         restart_s: Seconds billed per resume instead of the measured gap from the checkpoint's save to
             the relaunch's start (None: measured).
         log_every_n_steps: Log every this many optimizer steps; None: the trainer's ``log_every_n_steps``.
+        bill_from: ``"construction"``: the bill's clock starts when this object is built (the CLI builds it
+            after importing torch and Lightning); ``"spawn"``: at the process's spawn (Linux; elsewhere at
+            construction), so a launch's imports are billed and show as start-up in the goodput ledger.
+            A relaunch's spawn-to-construction seconds are in its billed restart gap either way; the
+            ledger files them under start-up.
+        plot: write ``goodput.png`` (the ledger as stacked bars, dollars on both markets) to the run
+            directory and the MLflow run at train end.
 
     Raises:
         ValueError: For an unknown instance or market, a negative price, a market without a price in
-            the catalog, ``instances < 1``, a negative ``restart_s`` or ``log_every_n_steps < 1``; the
-            message names the value.
+            the catalog, ``instances < 1``, a negative ``restart_s``, ``log_every_n_steps < 1`` or an
+            unknown ``bill_from``; the message names the value.
         FileNotFoundError: If ``catalog`` does not exist.
 
     Example::
@@ -141,10 +164,18 @@ class CostTracker(Callback):
         instances: int | None = None,
         restart_s: float | None = None,
         log_every_n_steps: int | None = None,
+        bill_from: Literal["construction", "spawn"] = "construction",
+        plot: bool = True,
     ) -> None:
         # the clock starts now: right after process start in the CLI
         self._t0_mono = time.monotonic()
         self._t0_wall = time.time()
+        if bill_from not in ("construction", "spawn"):
+            raise ValueError(f"CostTracker(bill_from={bill_from!r}) must be 'construction' or 'spawn'.")
+        self._spawn_s = process_age_s() or 0.0  # spawn -> this clock start
+        if bill_from == "spawn":
+            self._t0_mono -= self._spawn_s
+            self._t0_wall -= self._spawn_s
         if market not in MARKETS:
             raise ValueError(f"CostTracker(market={market!r}) must be one of {MARKETS}.")
         try:
@@ -167,6 +198,9 @@ class CostTracker(Callback):
         self.instances = None if instances is None else int(instances)
         self.restart_s = restart_s
         self.log_every_n_steps = log_every_n_steps
+        self.bill_from = bill_from
+        self.plot = plot
+        self.plot_path: Path | None = None
 
         # The job so far, before this attempt's clock started (restored from a checkpoint).
         self._base_wall_s = 0.0
@@ -187,6 +221,21 @@ class CostTracker(Callback):
         self._total_steps: float | None = None
         self._steps_file: StepsFile | None = None
         self._final: dict[str, float] = {}
+        # The goodput ledger (see callbacks/analysis/goodput.py). Of the job before this attempt:
+        self._ledger_base = goodput.Ledger()
+        self._first_steps: list[tuple[str, float, float]] = []  # (category, s, instance-s), one per launch
+        self._gap_ledger = goodput.Ledger()
+        # This attempt, in seconds of its clock (priced at its instances when read):
+        self._attempt: dict[str, float] = {}
+        self._context = "startup"
+        self._mark = self._t0_mono
+        self._step_acc = 0.0  # seconds of the step in progress (batches of an accumulated step)
+        self._step_category = "productive"
+        self._first_step_pending = True
+        self._redo_until = -1  # steps up to this global step are reruns
+        self._between_since_step = 0.0  # data-wait seconds since the last step ended (the tail, at the end)
+        self._undo_save_timing: Callable[[], None] | None = None
+        self._comm_source: Any = None
 
     # ---------------------------------------------------------------- arithmetic
     def elapsed_s(self) -> float:
@@ -238,7 +287,86 @@ class CostTracker(Callback):
             out["cost/projected_usd"] = usd + run_cost(remaining * recent / 3600.0, self.price, instances)
         out.update({"cost/billed_s": self.billed_s(elapsed), "cost/instances": float(instances),
                     "cost/lost_steps": float(self.lost_steps), "cost/restart_s": self.restart_s_total})
+        out.update(goodput.metrics(self.ledger(), self.price))
         return out
+
+    # ------------------------------------------------------------------ ledger
+    def _category(self, context: str) -> str:
+        """The ledger category of the seconds spent in ``context``."""
+        if context == "between":
+            return "redone" if self._step_category == "redone" else "data_wait"
+        if context == "step":
+            return self._step_category
+        return context  # startup, validation, tail
+
+    def _account(self, now: float, context: str | None = None) -> float:
+        """File the seconds since the last mark under the current context; returns them."""
+        seconds = max(0.0, now - self._mark)
+        self._mark = now
+        context = context or self._context
+        if context == "step":
+            self._step_acc += seconds
+        else:
+            category = self._category(context)
+            self._attempt[category] = self._attempt.get(category, 0.0) + seconds
+            if category == "data_wait":
+                self._between_since_step += seconds
+        return seconds
+
+    def _raw_ledger(self, now: float | None = None) -> tuple[goodput.Ledger, list[tuple[str, float, float]]]:
+        """The job's ledger up to ``now`` (first steps apart), and the first steps (this launch's included)."""
+        now = time.monotonic() if now is None else now
+        instances = float(self.instances or 1)
+        attempt = goodput.Ledger()
+        for category, seconds in self._attempt.items():
+            attempt.add(category, seconds, instances)
+        pending = max(0.0, now - self._mark)
+        if self._context == "step" or self._step_acc:
+            step_s = self._step_acc + (pending if self._context == "step" else 0.0)
+            attempt.add(self._step_category, step_s, instances)
+        if self._context != "step":
+            attempt.add(self._category(self._context), pending, instances)
+        gap = self._gap_ledger if self._gap_ledger.seconds else goodput.Ledger()
+        unfiled = self._gap_s - gap.total_s()
+        if unfiled > 0:  # the gap, before train start has split it
+            gap = gap.merged(goodput.split_gap(unfiled, 0, None, 0.0, instances))
+        return self._ledger_base.merged(gap, attempt), list(self._first_steps)
+
+    def ledger(self) -> goodput.Ledger:
+        """The job's goodput ledger now: categories of :mod:`callbacks.analysis.goodput`, summing to the bill."""
+        raw, first = self._raw_ledger()
+        out = goodput.resolve_first_steps(raw, first, self.mean_step_s())
+        return goodput.carve_comm(out, self._comm_share())
+
+    def _comm_share(self) -> float:
+        """Exposed communication / step time over the run's timed steps (StepTiming's totals), or 0."""
+        source = self._comm_source
+        totals = getattr(source, "totals", None)
+        parts = getattr(source, "PARTS", None) or ("data", "forward", "backward", "comm_exposed", "optimizer")
+        if not isinstance(totals, dict):
+            return 0.0
+        step = sum(float(totals.get(p, 0.0)) for p in parts)
+        comm = float(totals.get("comm_exposed", 0.0))
+        data = float(totals.get("data", 0.0))
+        # the ledger's productive seconds hold forward, backward, comm and optimizer (its data wait is apart)
+        compute = step - data
+        return min(1.0, max(0.0, comm / compute)) if compute > 0 else 0.0
+
+    def _wrap_save(self, trainer: Trainer) -> None:
+        """Time every ``trainer.save_checkpoint`` as a checkpoint stall in the ledger."""
+        if self._undo_save_timing is not None:
+            return
+
+        def timed(save: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            self._account(time.monotonic())
+            outer, self._context = self._context, "checkpoint"
+            try:
+                return save(*args, **kwargs)
+            finally:
+                self._account(time.monotonic())
+                self._context = outer
+
+        self._undo_save_timing = time_every_save(trainer, timed)
 
     # ------------------------------------------------------------------- logging
     def _log(self, trainer: Trainer) -> None:
@@ -279,8 +407,15 @@ class CostTracker(Callback):
     # ------------------------------------------------------------------- hooks
     @override
     def setup(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit" and self.instances is None:
+        if stage != "fit":
+            return
+        if self.instances is None:
             self.instances = default_instances(self.instance, trainer.world_size, trainer.num_nodes)
+        self._wrap_save(trainer)
+        # StepTiming (duck-typed: no import of it) measures the exposed communication the ledger carves out
+        self._comm_source = next((cb for cb in trainer.callbacks
+                                  if isinstance(getattr(cb, "totals", None), dict) and hasattr(cb, "mean_parts")),
+                                 None)
 
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: pl.LightningModule,
@@ -290,6 +425,9 @@ class CostTracker(Callback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         step = trainer.global_step
+        self._account(time.monotonic())
+        if self._context != "startup":  # a later fit of this object: its start-up begins now
+            self._context, self._first_step_pending = "startup", True
         self._seen_step = step
         self._window = (time.monotonic(), step)
         self._prev_end = None
@@ -305,6 +443,13 @@ class CostTracker(Callback):
             saved_lost = int((self._restored or {}).get("lost_steps", 0))
             sidecar = self._sidecar_steps_run(trainer)
             self.lost_steps = max(saved_lost, (sidecar or 0) - step)
+            redo = self.lost_steps - saved_lost
+            self._redo_until = step + redo
+            spawn = self._spawn_s if self.bill_from == "construction" and self._gap_s > 0 else 0.0
+            if self.restart_s is not None:
+                spawn = 0.0  # a fixed restart bill says nothing of what the gap held
+            self._gap_ledger = goodput.split_gap(self._gap_s, redo, self.mean_step_s(), spawn,
+                                                 float(self.instances or 1))
         if trainer.is_global_zero:
             self._steps_file = StepsFile(self._progress_dir(trainer))
             self._write_progress(trainer)
@@ -318,7 +463,11 @@ class CostTracker(Callback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        self._batch_start = time.monotonic()
+        now = self._batch_start = time.monotonic()
+        # the wait before a rerun step is rerun too
+        self._step_category = "redone" if trainer.global_step + 1 <= self._redo_until else "productive"
+        self._account(now)
+        self._context = "step"
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any,
@@ -328,9 +477,12 @@ class CostTracker(Callback):
         if start is not None:
             self._step_s_total += now - start
         self._prev_end = now
+        self._account(now)
+        self._context = "between"
         stepped = trainer.global_step - self._seen_step
         if stepped <= 0:  # gradient accumulation: this batch's time belongs to the coming step
             return
+        self._file_step()
         self._seen_step = trainer.global_step
         self._steps_timed += stepped
         self._write_progress(trainer)
@@ -338,13 +490,63 @@ class CostTracker(Callback):
         if trainer.global_step % every == 0:
             self._log(trainer)
 
+    def _file_step(self) -> None:
+        """Put the step just ended in the ledger (a launch's first step apart: see ``resolve_first_steps``)."""
+        seconds, self._step_acc = self._step_acc, 0.0
+        if self._first_step_pending:
+            self._first_step_pending = False
+            self._first_steps.append((self._step_category, seconds, seconds * float(self.instances or 1)))
+        else:
+            self._attempt[self._step_category] = self._attempt.get(self._step_category, 0.0) + seconds
+        self._between_since_step = 0.0
+
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         self._prev_end = None  # validation is not step time (it is billed all the same)
+        if self._context not in ("startup", "validation"):  # the sanity check is start-up
+            self._account(time.monotonic())
+            self._context = "validation"
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        if self._context == "validation":
+            self._account(time.monotonic())
+            self._context = "between"
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        self._account(time.monotonic())
+        # the data wait after the last step was the end of training, not a wait for a batch
+        tail = min(self._between_since_step, self._attempt.get("data_wait", 0.0))
+        self._attempt["data_wait"] = self._attempt.get("data_wait", 0.0) - tail
+        self._attempt["tail"] = self._attempt.get("tail", 0.0) + tail
+        self._between_since_step = 0.0
+        self._context = "tail"
         self._log(trainer)
+        if self.plot and trainer.is_global_zero and self._final:
+            self.plot_path = self._write_plot(trainer)
+
+    def _write_plot(self, trainer: Trainer) -> Path | None:
+        from .utils.timing_report import plot_goodput
+
+        path = self._progress_dir(trainer).parent / "goodput.png"
+        ledger = self.ledger()
+        other = "spot" if self.market == "on_demand" else "on_demand"
+        try:
+            other_price = price_for(self.instance, other)
+        except ValueError:
+            other_price = None
+        try:
+            plot_goodput(path, ledger, self.price, self.market, other_price, other)
+        except (OSError, ValueError) as err:
+            log.warning("CostTracker: could not write %s (%s).", path, err)
+            return None
+        for logger in trainer.loggers:
+            run_id = getattr(logger, "run_id", None)
+            experiment = getattr(logger, "experiment", None)
+            if run_id and hasattr(experiment, "log_artifact"):
+                experiment.log_artifact(run_id, str(path))
+        return path
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -357,13 +559,20 @@ class CostTracker(Callback):
     @override
     def teardown(self, trainer: Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._close_progress()
+        if self._undo_save_timing is not None:
+            self._undo_save_timing()
+            self._undo_save_timing = None
         self._restored = self._resumed_step = None  # a later fit of this object resumes only if it loads
 
     # ------------------------------------------------------------------- state
     @override
     def state_dict(self) -> dict[str, Any]:
-        elapsed = self.elapsed_s()
+        now = time.monotonic()
+        elapsed = self._gap_s + (now - self._t0_mono)
+        raw, first = self._raw_ledger(now)
         return {
+            "goodput": raw.state(),
+            "goodput_first_steps": [list(f) for f in first],
             "billed_s": self.billed_s(elapsed),
             "instance_s": self.instance_s(elapsed),
             "saved_at": time.time(),
@@ -383,6 +592,8 @@ class CostTracker(Callback):
             self._t0_mono += saved_at - self._t0_wall
             self._t0_wall = saved_at
             self._gap_s = 0.0
+            self._attempt, self._step_acc, self._mark = {}, 0.0, self._t0_mono
+            self._context, self._first_step_pending = "startup", True
         else:
             self._gap_s = self.restart_s if self.restart_s is not None else self._t0_wall - saved_at
         self._base_wall_s = float(state_dict["billed_s"])
@@ -391,6 +602,16 @@ class CostTracker(Callback):
         self.lost_steps = int(state_dict.get("lost_steps", 0))
         self._step_s_total = float(state_dict.get("step_s_total", 0.0))
         self._steps_timed = int(state_dict.get("steps_timed", 0))
+        if "goodput" in state_dict:
+            self._ledger_base = goodput.Ledger.from_state(state_dict["goodput"])
+            self._first_steps = [(str(c), float(sec), float(inst))
+                                 for c, sec, inst in state_dict.get("goodput_first_steps", [])]
+        else:  # a checkpoint from before the ledger: its seconds are billed, their causes unknown
+            self._ledger_base = goodput.Ledger()
+            self._ledger_base.add("unattributed", self._base_wall_s,
+                                  self._base_instance_s / self._base_wall_s if self._base_wall_s > 0 else 1.0)
+            self._first_steps = []
+        self._gap_ledger = goodput.Ledger()
 
     # ----------------------------------------------------------------- summary
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
@@ -408,6 +629,31 @@ class CostTracker(Callback):
                          f"{_usd(final['cost/usd_on_demand'])} / {_usd(final['cost/usd_spot'])}{saving}"))
         if self.lost_steps or self.restart_s_total:
             rows.append(("cost of interruptions",
-                         f"{_usd(final['cost/lost_work_usd'])} lost work ({self.lost_steps} steps redone), "
+                         f"{_usd(final['cost/lost_work_usd'])} lost work ({self.lost_steps} steps redone x "
+                         f"{(self.mean_step_s() or 0.0) * 1e3:.1f} ms mean step), "
                          f"{self.restart_s_total:.0f} s of restarts billed"))
+        rows.extend(self.goodput_rows())
+        return rows
+
+    def goodput_rows(self) -> list[tuple[str, str]]:
+        """The ledger's rows: the goodput share and the three largest badputs in dollars, on both markets."""
+        final = self._final
+        if "goodput/share" not in final:
+            return []
+        seconds = {k[len("goodput/"):-2]: v for k, v in final.items() if k.startswith("goodput/") and k.endswith("_s")}
+        usd = {k: final[f"goodput/{k}_usd"] for k in seconds}
+        other = "spot" if self.market == "on_demand" else "on_demand"
+        try:
+            ratio = price_for(self.instance, other) / self.price if self.price > 0 else None
+        except ValueError:
+            ratio = None
+        rows = [("goodput", f"{final['goodput/share']:.1%} of {final['cost/billed_s']:.1f} s billed bought steps "
+                            f"that count ({seconds['productive']:.1f} s, {_usd(usd['productive'])})")]
+        for category, dollars in goodput.largest_badputs(usd):
+            text = f"{_usd(dollars)} {self.market.replace('_', '-')}"
+            if ratio is not None:
+                text += f" / {_usd(dollars * ratio)} {other.replace('_', '-')}"
+            rows.append((f"  badput: {goodput.LABELS[category]}", f"{seconds[category]:.1f} s, {text}"))
+        if self.plot_path is not None:
+            rows.append(("goodput ledger", str(self.plot_path)))
         return rows

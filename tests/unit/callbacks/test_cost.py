@@ -85,12 +85,13 @@ def usd(seconds: float, price: float = SPOT) -> float:
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
     fake = FakeTime()
     monkeypatch.setattr(cost, "time", fake)
+    monkeypatch.setattr(cost, "process_age_s", lambda: 0.0)  # spawn -> construction: none under the fake clock
     return fake
 
 
 def test_uninterrupted_run_by_hand(tmp_path: Path, clock: FakeTime) -> None:
     logger = RecordingLogger()
-    tracker = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5)
+    tracker = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5, plot=False)
     clock.advance(3.0)  # start-up before training (model, data, MLflow) is billed too
     _trainer(tmp_path, [tracker], logger).fit(TimedModel(clock))
     # 3 s start-up + 10 steps x 2 s = 23 s; logged at steps 5 and 10, and at train end (step 10)
@@ -112,7 +113,11 @@ def test_uninterrupted_run_by_hand(tmp_path: Path, clock: FakeTime) -> None:
     assert tracker.summary_rows({}) == [
         ("cost", "$0.0282 spot (1 x a3-highgpu-1g, 0.006 h billed)"),
         ("cost on-demand / spot", "$0.0707 / $0.0282, spot saves 60.0%"),
+        # the ledger: 10 steps x 2 s productive, 3 s start-up (at $4.42/h spot, $11.06/h on-demand)
+        ("goodput", "87.0% of 23.0 s billed bought steps that count (20.0 s, $0.0246)"),
+        ("  badput: start-up", "3.0 s, $0.0037 spot / $0.0092 on-demand"),
     ]
+    assert (final["goodput/productive_s"], final["goodput/startup_s"], final["goodput/share"]) == (20.0, 3.0, 20 / 23)
 
 
 def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: Path, clock: FakeTime) -> None:
@@ -120,20 +125,23 @@ def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: 
     # Attempt 1: the clock starts at construction (t = 0); checkpoint after step 4 (8 s billed, saved at
     # wall time t = 8), the process dies after step 6 (12 s): steps 5 and 6 are lost.
     first = RecordingLogger()
-    tracker1 = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5)
+    tracker1 = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5, plot=False)
     _trainer(tmp_path, [tracker1, SaveThenDie(ckpt, save_at=4, die_at=6)], first).fit(TimedModel(clock))
     assert first.values("cost/billed_s") == [(5, 10.0), (6, 12.0)]
     assert first.calls[-1][1]["cost/usd"] == pytest.approx(usd(12), rel=1e-12)
     assert read_steps_run(tmp_path / "checkpoints" / PROGRESS_FILE) == 6
     state = torch.load(ckpt, weights_only=True)["callbacks"]["CostTracker"]
+    ledger = state.pop("goodput")
     assert state == {"billed_s": 8.0, "instance_s": 8.0, "saved_at": 1_000_008.0, "lost_steps": 0,
-                     "restart_s_total": 0.0, "step_s_total": 8.0, "steps_timed": 4}
+                     "restart_s_total": 0.0, "step_s_total": 8.0, "steps_timed": 4,
+                     "goodput_first_steps": [["productive", 2.0, 2.0]]}  # step 1, apart (see resolve_first_steps)
+    assert ledger["seconds"] == {"startup": 0.0, "productive": 6.0, "data_wait": 0.0, "checkpoint": 0.0}  # steps 2-4
 
     # 30 s down, then the relaunch: gap = relaunch start (t = 42) - save (t = 8) = 34 s
     # (the 4 s of lost steps 5-6 and the 30 s down). Steps 5-10 again: 6 steps, 12 s.
     clock.advance(30.0)
     second = RecordingLogger()
-    tracker2 = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5)
+    tracker2 = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5, plot=False)
     _trainer(tmp_path, [tracker2], second).fit(TimedModel(clock), ckpt_path=ckpt)
     # at train start (step 4): 8 + 34 = 42 s, never less than what attempt 1 had billed (12 s)
     assert second.values("cost/billed_s") == [(4, 42.0), (5, 44.0), (10, 54.0), (10, 54.0)]
@@ -150,8 +158,23 @@ def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: 
     # projection at the resume (no window yet: the job's mean step time): 42 s + 6 steps x 2 s = 54 s
     assert second.calls[0][1]["cost/projected_usd"] == pytest.approx(usd(54), rel=1e-12)
     assert read_steps_run(tmp_path / "checkpoints" / PROGRESS_FILE) == 12  # 10 + 2 redone
-    assert tracker2.summary_rows({})[-1] == (
-        "cost of interruptions", "$0.0049 lost work (2 steps redone), 34 s of restarts billed")
+    rows = tracker2.summary_rows({})
+    assert rows[2] == ("cost of interruptions",
+                       "$0.0049 lost work (2 steps redone x 2000.0 ms mean step), 34 s of restarts billed")
+    # The ledger, from the same count: steps 5-6 reran (measured: 2 x 2 s redone); their first runs are in
+    # the 34 s gap (2 x 2 s at the mean step moved to productive), the other 30 s were the job down.
+    # 10 steps x 2 s productive + 4 s redone + 30 s restart = 54 s billed.
+    goodput_s = {k: v for k, v in final.items() if k.startswith("goodput/") and k.endswith("_s")}
+    assert goodput_s == {"goodput/productive_s": 20.0, "goodput/startup_s": 0.0, "goodput/redone_s": 4.0,
+                         "goodput/checkpoint_s": 0.0, "goodput/validation_s": 0.0, "goodput/data_wait_s": 0.0,
+                         "goodput/comm_exposed_s": 0.0, "goodput/tail_s": 0.0, "goodput/restart_s": 30.0}
+    assert final["goodput/redone_usd"] == pytest.approx(usd(4), rel=1e-12) == final["cost/lost_work_usd"]
+    assert final["goodput/share"] == pytest.approx(20 / 54, rel=1e-12)
+    assert rows[3:] == [
+        ("goodput", "37.0% of 54.0 s billed bought steps that count (20.0 s, $0.0246)"),
+        ("  badput: gaps between launches", "30.0 s, $0.0368 spot / $0.0922 on-demand"),
+        ("  badput: redone steps", "4.0 s, $0.0049 spot / $0.0123 on-demand"),
+    ]
 
 
 def test_attempt_killed_before_saving_still_counts(tmp_path: Path, clock: FakeTime) -> None:
