@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,8 @@ class AtscaleCLI(LightningCLI):
     Fitting is its only action: ``python -m recipes.fit --config X.yaml [--config Y.yaml] [--k=v ...]``.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, extra_callbacks: list[Callback] | None = None, show_summary: bool = True,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("run", False)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
@@ -173,6 +175,12 @@ class AtscaleCLI(LightningCLI):
         kwargs.setdefault("parser_kwargs", {"description": __doc__.splitlines()[0] if __doc__ else None})
         self.context: RunContext | None = None
         self.lock: RunLock | None = None
+        #: Callbacks a caller adds to every launch (the Python API's progress lines), not part of the config.
+        self.extra_callbacks: list[Callback] = list(extra_callbacks or [])
+        #: Print the end table (the CLI); the Python API renders :attr:`summary` itself.
+        self.show_summary = show_summary
+        #: The end table's title and rows (global rank 0, once ``fit`` returned).
+        self.summary: tuple[str, list[tuple[str, str]]] | None = None
         super().__init__(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -353,7 +361,8 @@ class AtscaleCLI(LightningCLI):
         extra += [WrapUpSignals(), ReleaseInterruptedFrames()]
         if self.config.log_model:
             extra.append(LogModel(defer=True))  # logged by fit() once trainer.fit has returned
-        user_callbacks = list(config.get("callbacks") or []) + callbacks
+        extra += self.extra_callbacks
+        user_callbacks = list(config.get("callbacks") or []) + callbacks + self.extra_callbacks
         threads = cpu_thread_callback(self.config.get("cpu_threads", "auto"), user_callbacks)
         if threads is not None:
             extra.append(threads)
@@ -459,7 +468,9 @@ class AtscaleCLI(LightningCLI):
         if logger is not None and self.trainer.is_global_zero and interrupted:
             logger.experiment.set_terminated(logger.run_id, "KILLED")
         if self.trainer.is_global_zero:
-            self.print_summary(duration, interrupted)
+            self.summary = self.summary_rows(duration, interrupted)
+            if self.show_summary:
+                self.print_summary(*self.summary)
         destroy_process_group()  # every rank got here; recipes.fit then ends the process (recipes.run.shutdown)
         return REQUEUE_EXIT_CODE if interrupted else 0
 
@@ -500,32 +511,37 @@ class AtscaleCLI(LightningCLI):
             monitor.start()
         return monitor
 
-    def print_summary(self, duration: float, interrupted: bool) -> None:
-        """A rich table: final metrics, baselines and lift, duration, where the run is in MLflow."""
+    def summary_rows(self, duration: float, interrupted: bool) -> tuple[str, list[tuple[str, str]]]:
+        """The end table's title and rows: final metrics, baselines and lift, duration, where the run is in MLflow."""
         assert self.context is not None
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items()
                    if isinstance(v, (torch.Tensor, float, int)) and torch.as_tensor(v).numel() == 1}
         title = "atscale run — INTERRUPTED (relaunch the same command to resume)" if interrupted \
             else "atscale run — finished"
-        table = Table(title=title, show_header=False)
-        table.add_column("key", style="cyan")
-        table.add_column("value")
-        for key in sorted(metrics):
-            table.add_row(key, f"{metrics[key]:.4f}")
+        rows = [(key, f"{metrics[key]:.4f}") for key in sorted(metrics)]
         for callback in self.trainer.callbacks:
             if hasattr(callback, "summary_rows"):
-                for key, value in callback.summary_rows(metrics):
-                    table.add_row(key, value)
-        table.add_row("duration", f"{duration:.1f} s (global step {self.trainer.global_step})")
+                rows += list(callback.summary_rows(metrics))
+        rows.append(("duration", f"{duration:.1f} s (global step {self.trainer.global_step})"))
         logger = self.mlflow_logger()
         if logger is not None:
-            table.add_row("mlflow", f"experiment {self.context.experiment!r}, run {logger.run_id}")
-            table.add_row("tracking", redact(self.context.tracking_uri))
+            rows.append(("mlflow", f"experiment {self.context.experiment!r}, run {logger.run_id}"))
+            rows.append(("tracking", redact(self.context.tracking_uri)))
             page = tracking.run_page_url(self.context.tracking_uri, getattr(logger, "experiment_id", None) or "0",
                                          logger.run_id)
             if page is not None:
-                table.add_row("view", f"{page} (the Training runs tab; charts under Model metrics)")
-        table.add_row("run dir", redact(self.context.location))
+                rows.append(("view", f"{page} (the Training runs tab; charts under Model metrics)"))
+        rows.append(("run dir", redact(self.context.location)))
+        return title, rows
+
+    @staticmethod
+    def print_summary(title: str, rows: list[tuple[str, str]]) -> None:
+        """The end table, printed with rich (as wide as its longest row when stdout is not a terminal)."""
+        table = Table(title=title, show_header=False)
+        table.add_column("key", style="cyan")
+        table.add_column("value")
+        for key, value in rows:
+            table.add_row(key, value)
         console = Console(stderr=False)
         if not console.is_terminal:  # a log file or a pipe: as wide as the longest row, so paths print whole
             widest = [max((len(c) for c in column.cells if isinstance(c, str)), default=0) for column in table.columns]
@@ -548,7 +564,31 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     return rank_exit_code(code, launched_by_parent())
 
 
+@dataclass
+class Launch:
+    """What one launch came to: its exit code, the CLI object (once built) and the line it has for a person."""
+
+    code: int
+    cli: AtscaleCLI | None = None
+    #: The one line the command prints (``error: ...`` on stderr; "already complete" on stdout), if any.
+    message: str | None = None
+    #: Whether :attr:`message` is an error (stderr) rather than a note (stdout).
+    error: bool = False
+    #: Bad input (exit 2): :attr:`message` says which value.
+    usage: bool = False
+
+
 def _run_cli(args: list[str] | None, **kwargs: Any) -> int:
+    outcome = launch(args, **kwargs)
+    if outcome.message is not None:
+        print(outcome.message, file=sys.stderr if outcome.error else sys.stdout)
+    return outcome.code
+
+
+def launch(args: list[str] | None, **kwargs: Any) -> Launch:
+    """Parse, build and fit in this process, printing nothing of its own outcome: the CLI prints
+    :attr:`Launch.message`, the Python API (:mod:`recipes.api`) raises or returns it. Failures that are not bad
+    input, a stop or a full machine are raised, as the command raises them."""
     quiet_known_noise()
     install_stop_signals()
     cli: AtscaleCLI | None = None
@@ -557,42 +597,38 @@ def _run_cli(args: list[str] | None, **kwargs: Any) -> int:
     try:
         cli = AtscaleCLI(args=args, **kwargs)
         try:
-            return cli.fit()
+            return Launch(cli.fit(), cli)
         finally:
             cli._release_lock()  # this launch is over: an in-process caller (tests, a bench) may launch it again
     except AlreadyComplete as done:
-        print(done)
-        return 0
+        return Launch(0, cli, str(done))
     except argparse.ArgumentError as err:  # jsonargparse's parse errors: the message, not the 70-line usage
-        print(f"error: {redact(parse_error_message(str(err)))}\n"
-              f"(python -m recipes.fit --help lists every option)", file=sys.stderr)
-        return USAGE_EXIT_CODE
+        return Launch(USAGE_EXIT_CODE, cli, f"error: {redact(parse_error_message(str(err)))}\n"
+                      f"(python -m recipes.fit --help lists every option)", error=True, usage=True)
     except (UsageError, MisconfigurationException, ValueError, TypeError, FileNotFoundError) as err:
         if cli is not None and not isinstance(err, UsageError):
             raise  # past start-up these are failures, not bad input
         message = str(err)
         if message.startswith("Does not validate against any of the Union subtypes"):  # raised while instantiating
             message = parse_error_message(message)
-        print(f"error: {redact(message)}", file=sys.stderr)
-        return USAGE_EXIT_CODE
+        return Launch(USAGE_EXIT_CODE, cli, f"error: {redact(message)}", error=True, usage=True)
     except STOP_EXCEPTIONS as err:
         signum = err.signum if isinstance(err, Interrupted) else (
             signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
-        print(f"interrupted ({signal.Signals(signum).name}): the run stopped; relaunch the same command to resume it.",
-              file=sys.stderr)
-        return SIGINT_EXIT_CODE if signum == signal.SIGINT else REQUEUE_EXIT_CODE
+        return Launch(SIGINT_EXIT_CODE if signum == signal.SIGINT else REQUEUE_EXIT_CODE, cli,
+                      f"interrupted ({signal.Signals(signum).name}): the run stopped; relaunch the same command to "
+                      "resume it.", error=True)
     except Exception as err:
         peer = lost_peer(err)
         if peer is not None:
-            print(f"error: a peer process was lost ({peer}): the run stopped; relaunch to resume it from its newest "
-                  "checkpoint (torchrun --nnodes MIN:MAX restarts on the nodes left).", file=sys.stderr)
-            return REQUEUE_EXIT_CODE
+            return Launch(REQUEUE_EXIT_CODE, cli, f"error: a peer process was lost ({peer}): the run stopped; relaunch "
+                          "to resume it from its newest checkpoint (torchrun --nnodes MIN:MAX restarts on the nodes "
+                          "left).", error=True)
         trainer = getattr(cli, "trainer", None)  # a full tracking store or disk: the machine's, in one line
         line = machine_failure(err, cli.context.tracking_uri if cli is not None and cli.context else None,
                                trainer.global_step if trainer is not None else None,
                                getattr(cli, "status_unwritten", False))
         if line is None:
             raise
-        print(redact(line), file=sys.stderr)
-        return 1
+        return Launch(1, cli, redact(line), error=True)
 

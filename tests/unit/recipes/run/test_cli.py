@@ -93,7 +93,7 @@ def _summary(capsys: pytest.CaptureFixture[str], interrupted: bool, with_mlflow:
                                 callbacks=[_Rows(), object()], global_step=57),
         mlflow_logger=lambda: SimpleNamespace(run_id="0123abcd") if with_mlflow else None,
     )
-    AtscaleCLI.print_summary(stub, duration=12.34, interrupted=interrupted)  # type: ignore[arg-type]
+    AtscaleCLI.print_summary(*AtscaleCLI.summary_rows(stub, duration=12.34, interrupted=interrupted))  # type: ignore[arg-type]
     return [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
 
 
