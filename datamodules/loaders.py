@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -76,10 +76,14 @@ class PassSampler(Sampler[int]):
         samples_per_pass: positions a pass consumes over all ranks (fewer than the data under
             ``limit_train_batches``); default: all.
         batch_size: samples per batch on each rank (decides how the pass's last round is split).
+        order: the permutation of a pass, given its seed (``seed + p``); default ``torch.randperm`` of the
+            data. It must depend on the seed alone, never on the world, so that every world walks one order
+            (``datamodules.streaming`` passes a chunk-aware one).
     """
 
     def __init__(self, dataset: Dataset, num_replicas: int = 1, rank: int = 0, seed: int = 0,
-                 samples_per_pass: int | None = None, batch_size: int = 1) -> None:
+                 samples_per_pass: int | None = None, batch_size: int = 1,
+                 order: Callable[[int], Sequence[int]] | None = None) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"PassSampler(rank={rank!r}) must lie in [0, num_replicas={num_replicas!r}).")
         self.dataset_size = len(dataset)  # type: ignore[arg-type]
@@ -87,6 +91,7 @@ class PassSampler(Sampler[int]):
         self.rank = rank
         self.seed = seed
         self.batch_size = batch_size
+        self.order = order
         #: Positions of the permutation one pass consumes over all ranks.
         self.samples_per_pass = min(self.dataset_size, samples_per_pass or self.dataset_size)
         self.epoch = 0
@@ -110,6 +115,13 @@ class PassSampler(Sampler[int]):
         self._requested = epoch
         if not self._restored:
             self.epoch, self.cursor, self.complete, self._iterating = epoch + self._offset, 0, False, False
+
+    def permutation(self, epoch: int) -> Sequence[int]:
+        """The order of pass ``epoch``: ``order(seed + epoch)``, else ``torch.randperm`` seeded ``seed + epoch``."""
+        if self.order is not None:
+            return self.order(self.seed + epoch)
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(self.dataset_size, generator=generator).tolist()
 
     def positions(self, start: int) -> list[int]:
         """The permutation positions this rank takes in a pass continued from ``start``."""
@@ -143,8 +155,7 @@ class PassSampler(Sampler[int]):
             self._restored = False
             if self._requested is not None:
                 self._offset = self.epoch - self._requested
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.dataset_size, generator=generator).tolist()
+        order = self.permutation(self.epoch)
         mine = self.positions(self.cursor)
         self._start, self._share, self._taken, self._iterating = self.cursor, len(mine), 0, True
         for position in mine:
@@ -230,6 +241,8 @@ def stateful_train_loader(
     seed: int,
     trainer: pl.Trainer | None,
     num_workers: int = 0,
+    order: Callable[[int], Sequence[int]] | None = None,
+    loader_cls: type[ResumableLoader] | None = None,
 ) -> ResumableLoader:
     """A resumable, shuffled training loader sharded over the trainer's ranks (one process without a trainer).
 
@@ -239,14 +252,16 @@ def stateful_train_loader(
         seed: seed of the shuffle; pass ``p`` over the data uses the permutation seeded ``seed + p``.
         trainer: the attached trainer (gives world size and rank); ``None`` means one process.
         num_workers: loader worker processes.
+        order: the permutation of a pass given its seed (see :class:`PassSampler`); default ``torch.randperm``.
+        loader_cls: the loader class (a :class:`ResumableLoader`); default :class:`ResumableLoader`.
     """
     world_size = trainer.world_size if trainer is not None else 1
     rank = trainer.global_rank if trainer is not None else 0
-    sampler = PassSampler(dataset, world_size, rank, seed, batch_size=batch_size)
+    sampler = PassSampler(dataset, world_size, rank, seed, batch_size=batch_size, order=order)
     if trainer is not None:
         sampler.samples_per_pass = min(sampler.dataset_size,
                                        batches_per_epoch(len(sampler), batch_size, trainer) * batch_size * world_size)
-    return ResumableLoader(
+    return (loader_cls or ResumableLoader)(
         dataset,
         batch_size=batch_size,
         sampler=sampler,

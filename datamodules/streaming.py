@@ -1,0 +1,467 @@
+"""Data that does not fit in memory: litdata chunks streamed from a bucket or a folder, exact and elastic on resume.
+
+``python -m recipes.prepare`` writes a dataset once, as litdata chunks (``litdata.optimize``), to a folder or a
+bucket URL (``s3://``, ``gs://``, ``az://``)::
+
+    <url>/atscale.json            what the data is: kind, shapes, the source's digest, every chunk's SHA-256
+    <url>/train/index.json        litdata's chunk index of the training split, and its chunk-*.bin files
+    <url>/val/index.json          the same for the validation split
+
+The datamodules below read it with litdata's ``StreamingDataset`` (chunks downloaded on demand into a local cache,
+deleted past ``max_cache_size``) used as a random-access dataset, and train it through the project's own resumable
+loader (:func:`datamodules.loaders.stateful_train_loader`), not litdata's ``StreamingDataLoader``.
+
+Why not litdata's own loader state: it is per rank and counts batches of the world that saved it. litdata 0.2.76
+re-stripes it when the world changes, but rounds the skipped prefix down to the *new* world's global batch (a
+1 -> 2 resume after an odd number of steps trains a batch twice) and, with loader workers, skipped samples it had
+never served (measured in ``docs/guides/streaming.md``). The project's global sample cursor
+(:class:`datamodules.loaders.PassSampler`) already gives each sample once across world sizes and bitwise resume at
+the same one, workers included; here it walks a *chunk-aware* order (:class:`ChunkOrder`): pass ``p`` shuffles the
+chunks with seed ``seed + p``, then shuffles the items of each window of ``shuffle_window`` consecutive chunks
+together. The order depends on the seed alone, never on the world or the workers, and the ranks walk it side by
+side, so the local cache holds about one window of chunks at a time.
+
+A read that keeps failing (the bucket is gone, the credentials were revoked) is retried for ``read_timeout_s``,
+then ends the run with one line, ``atscale: the streamed data at <url> cannot be read ...``, and exit code 75: the
+relaunch resumes from the newest checkpoint, as after a spot interruption.
+
+Copy with it (paths under ``datamodules/``): ``loaders.py``, ``text.py`` (the n-gram baselines' formula).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
+
+from .loaders import ResumableLoader, stateful_train_loader
+
+__all__ = [
+    "STREAM_FORMAT",
+    "UNAVAILABLE_EXIT_CODE",
+    "ChunkOrder",
+    "StreamUnavailable",
+    "StreamedItems",
+    "StreamingImageDataModule",
+    "StreamingTextDataModule",
+    "index_digest",
+    "read_text",
+]
+
+log = logging.getLogger(__name__)
+
+#: Version of the layout ``recipes.prepare`` writes (``atscale.json``'s ``format``).
+STREAM_FORMAT = 1
+#: The exit code of a run whose data cannot be read: the relaunch resumes it (EX_TEMPFAIL, as a spot interruption).
+UNAVAILABLE_EXIT_CODE = 75
+#: Where the MLflow dataset input and the manifest read the dataset's URL.
+SPLITS = ("train", "val")
+
+
+def _fs(url: str) -> tuple[Any, str]:
+    import fsspec.core
+
+    return fsspec.core.url_to_fs(url)
+
+
+def join(url: str, *parts: str) -> str:
+    """``url`` with ``parts`` appended by ``/`` (a bucket URL and a folder alike)."""
+    return "/".join([url.rstrip("/"), *parts])
+
+
+def read_text(url: str) -> str | None:
+    """The text of the file at ``url`` (a path or a bucket URL), ``None`` when there is none."""
+    fs, path = _fs(url)
+    try:
+        with fs.open(path, "rb") as handle:
+            return handle.read().decode()
+    except FileNotFoundError:
+        return None
+
+
+def index_digest(url: str) -> str:
+    """SHA-256 of the dataset's chunk index: ``atscale.json`` (every chunk's SHA-256) and each split's index.json.
+
+    Raises:
+        FileNotFoundError: when ``url`` holds no complete prepared dataset.
+    """
+    digest = hashlib.sha256()
+    for name in ("atscale.json", *(f"{split}/index.json" for split in SPLITS)):
+        text = read_text(join(url, name))
+        if text is None:
+            raise FileNotFoundError(f"{join(url, name)}: no such file; prepare the data first "
+                                    f"(python -m recipes.prepare ... --output {url})")
+        digest.update(name.encode() + b"\0" + text.encode() + b"\0")
+    return digest.hexdigest()
+
+
+class StreamUnavailable(RuntimeError):
+    """The streamed data could not be read for ``read_timeout_s``; the message is the run's one line."""
+
+
+class StreamedItems(Dataset):
+    """One split of a prepared dataset as a map-style dataset: item ``i`` read through litdata's cache.
+
+    The ``StreamingDataset`` is made on first use in each process (a loader worker makes its own), so the object
+    pickles as its settings. A failed read is retried (every 0.5 s) for ``read_timeout_s``, then raises
+    :class:`StreamUnavailable`.
+
+    Args:
+        url: the split's folder or bucket URL (``<dataset url>/train``).
+        cache_dir: where litdata keeps downloaded chunks.
+        max_cache_size: litdata's cache budget (``"1GB"``, bytes).
+        read_timeout_s: how long a read may keep failing before the run ends.
+    """
+
+    def __init__(self, url: str, cache_dir: str, max_cache_size: str | int = "10GB",
+                 read_timeout_s: float = 120.0) -> None:
+        self.url = url
+        self.cache_dir = cache_dir
+        self.max_cache_size = max_cache_size
+        self.read_timeout_s = read_timeout_s
+        self._stream: Any = None
+        self._length: int | None = None
+
+    def _open(self) -> Any:
+        if self._stream is None:
+            from litdata import StreamingDataset
+
+            input_dir = self.url if "://" in self.url else os.path.abspath(self.url)
+            Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
+            self._stream = StreamingDataset(input_dir, cache_dir=self.cache_dir, max_cache_size=self.max_cache_size)
+        return self._stream
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_stream": None}
+
+    def chunk_sizes(self) -> list[int]:
+        """Items in each chunk, in the index's order (item ``i`` lies in the chunk its cumulative count says)."""
+        text = read_text(join(self.url, "index.json"))
+        if text is None:
+            raise FileNotFoundError(f"{join(self.url, 'index.json')}: no such file")
+        return [int(chunk["chunk_size"]) for chunk in json.loads(text)["chunks"]]
+
+    def __len__(self) -> int:
+        if self._length is None:
+            self._length = sum(self.chunk_sizes())
+        return self._length
+
+    def __getitem__(self, index: int) -> Any:
+        deadline = None
+        while True:
+            try:
+                return self._open()[int(index)]
+            except (KeyboardInterrupt, SystemExit, MemoryError):
+                raise
+            except Exception as err:  # a network, permission or missing-object error of the store
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self.read_timeout_s
+                if now >= deadline:
+                    reason = " ".join(str(err).split())[:200] or type(err).__name__
+                    raise StreamUnavailable(
+                        f"atscale: the streamed data at {self.url} cannot be read ({type(err).__name__}: {reason}) "
+                        f"for {self.read_timeout_s:g} s; the run stopped (exit {UNAVAILABLE_EXIT_CODE}). Relaunch the "
+                        "same command once it is back: it resumes from the newest checkpoint.") from None
+                self._stream = None  # a fresh client and reader on the next try
+                time.sleep(0.5)
+
+
+class ChunkOrder:
+    """The chunk-aware permutation of a pass, from its seed alone (never the world or the workers).
+
+    The chunks are shuffled (``torch.randperm`` seeded ``seed``), cut into windows of ``window`` consecutive
+    chunks, and each window's items are shuffled together with the same generator. Ranks that stride over this
+    order read the same window of chunks at a time.
+
+    Args:
+        chunk_sizes: items in each chunk, in index order.
+        window: chunks whose items are mixed together (1: chunk by chunk).
+    """
+
+    def __init__(self, chunk_sizes: Sequence[int], window: int = 4) -> None:
+        if window < 1:
+            raise ValueError(f"ChunkOrder(window={window!r}) must be >= 1.")
+        self.sizes = [int(s) for s in chunk_sizes]
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64).tolist()
+        self.window = window
+
+    def __call__(self, seed: int) -> list[int]:
+        generator = torch.Generator().manual_seed(seed)
+        chunks = torch.randperm(len(self.sizes), generator=generator).tolist()
+        out: list[int] = []
+        for first in range(0, len(chunks), self.window):
+            items = [i for c in chunks[first:first + self.window]
+                     for i in range(self.starts[c], self.starts[c] + self.sizes[c])]
+            out.extend(items[p] for p in torch.randperm(len(items), generator=generator).tolist())
+        return out
+
+
+class _Unavailable(Iterator):
+    """An iterator that turns :class:`StreamUnavailable` into its one line and the exit code (see the module)."""
+
+    def __init__(self, inner: Iterator, loud: bool) -> None:
+        self.inner = inner
+        self.loud = loud
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.inner)
+        except StreamUnavailable as err:  # raised here, or re-raised from a loader worker
+            if self.loud:
+                line = str(err).strip().splitlines()[-1] if str(err).strip() else "atscale: the streamed data is gone"
+                line = line[line.find("atscale:"):] if "atscale:" in line else line
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+            raise SystemExit(UNAVAILABLE_EXIT_CODE) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class StreamingLoader(ResumableLoader):
+    """The resumable loader whose iteration ends the run in one line when the data stays unreadable."""
+
+    @override
+    def __iter__(self) -> Iterator:
+        trainer = self.trainer_ref
+        return _Unavailable(super().__iter__(), loud=trainer is None or trainer.is_global_zero)
+
+
+class _StreamingDataModule(pl.LightningDataModule):
+    """What the image and token datamodules share: the URL, its description, the cache, the loaders."""
+
+    kind = ""
+
+    def __init__(self, url: str, batch_size: int, shuffle_seed: int = 0, shuffle_window: int = 4,
+                 num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "10GB",
+                 read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
+        super().__init__()
+        name = type(self).__name__
+        if batch_size < 1:
+            raise ValueError(f"{name}(batch_size={batch_size!r}) must be >= 1.")
+        if shuffle_window < 1:
+            raise ValueError(f"{name}(shuffle_window={shuffle_window!r}) must be >= 1.")
+        if read_timeout_s < 0:
+            raise ValueError(f"{name}(read_timeout_s={read_timeout_s!r}) must be >= 0.")
+        self.url = url.rstrip("/")
+        self.batch_size = batch_size
+        self.shuffle_seed = shuffle_seed
+        self.shuffle_window = shuffle_window
+        self.num_workers = num_workers
+        self.cache_dir = cache_dir
+        self.max_cache_size = max_cache_size
+        self.read_timeout_s = read_timeout_s
+        self.index_digest = index_digest
+        self._meta: dict[str, Any] | None = None
+        self._digest: str | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """``atscale.json``: the dataset's kind, shapes and source (read once)."""
+        if self._meta is None:
+            name = type(self).__name__
+            text = read_text(join(self.url, "atscale.json"))
+            if text is None:
+                raise FileNotFoundError(f"{name}(url={self.url!r}): no prepared dataset there (no atscale.json); "
+                                        f"run python -m recipes.prepare ... --output {self.url}")
+            meta = json.loads(text)
+            if not meta.get("complete"):
+                raise FileNotFoundError(f"{name}(url={self.url!r}): the dataset there is not completely prepared; "
+                                        "run the same python -m recipes.prepare command again to finish it.")
+            if meta.get("kind") != self.kind:
+                raise ValueError(f"{name}(url={self.url!r}) holds {meta.get('kind')!r} data, not {self.kind!r}.")
+            self._meta = meta
+        return self._meta
+
+    def fingerprint(self) -> str:
+        """The digest of the chunk index (:func:`index_digest`): the run's record of which data it saw."""
+        if self._digest is None:
+            self.meta  # noqa: B018 - a missing or unfinished dataset is named first
+            self._digest = index_digest(self.url)
+            if self.index_digest is not None and self._digest != self.index_digest:
+                raise ValueError(f"{type(self).__name__}(url={self.url!r}): the data there has index digest "
+                                 f"{self._digest[:12]}, not the {self.index_digest[:12]} asked for (index_digest): "
+                                 "it was prepared again from other data since.")
+        return self._digest
+
+    def dataset_source(self) -> dict[str, str]:
+        """What the MLflow dataset input records: the URL and the index digest."""
+        return {"url": self.url, "index_digest": self.fingerprint()}
+
+    def prepare_data(self) -> None:
+        self.fingerprint()
+
+    def _split(self, split: str) -> StreamedItems:
+        return StreamedItems(join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s)
+
+    def setup(self, stage: str | None = None) -> None:
+        self.fingerprint()
+        self.train_set = self._split("train")
+        self.val_set = self._split("val")
+
+    def train_dataloader(self) -> ResumableLoader:
+        order = ChunkOrder(self.train_set.chunk_sizes(), self.shuffle_window)
+        return stateful_train_loader(self.train_set, self.batch_size, self.shuffle_seed, self.trainer,
+                                     self.num_workers, order=order, loader_cls=StreamingLoader)
+
+    def val_dataloader(self) -> DataLoader:
+        # every rank evaluates the whole validation split, in order: exact metrics, no padding
+        return DataLoader(self.val_set, batch_size=self.val_batch_size(), shuffle=False, num_workers=0,
+                          collate_fn=self.collate)
+
+    def val_batch_size(self) -> int:
+        return self.batch_size
+
+    @staticmethod
+    def collate(items: list[Any]) -> Any:
+        raise NotImplementedError
+
+
+class _ImageItems(StreamedItems):
+    @override
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        item = super().__getitem__(index)
+        return torch.from_numpy(np.asarray(item["x"], dtype=np.float32)), torch.tensor(int(item["y"]))
+
+
+class _TokenItems(StreamedItems):
+    @override
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        window = torch.from_numpy(np.asarray(super().__getitem__(index)["x"]).astype(np.int64))
+        return window[:-1], window[1:]
+
+
+class StreamingImageDataModule(_StreamingDataModule):
+    """An image classification set prepared by ``python -m recipes.prepare digits|images|mnist``, streamed.
+
+    Items are float32 images ``(C, H, W)`` as the in-memory datamodule scales them, and an int64 label.
+
+    Args:
+        url: the prepared dataset's folder or bucket URL (``s3://bucket/digits``).
+        batch_size: samples per batch on each rank.
+        shuffle_seed: seed of the training order (pass ``p`` uses ``shuffle_seed + p``).
+        shuffle_window: chunks whose items one pass mixes together (a larger window shuffles better and needs a
+            larger cache).
+        num_workers: training loader worker processes.
+        cache_dir: litdata's local cache of downloaded chunks.
+        max_cache_size: the cache's budget (litdata deletes read chunks past it).
+        read_timeout_s: how long a read may keep failing before the run ends (one ``atscale:`` line, exit 75).
+        index_digest: when set, the data at ``url`` must have this index digest (``recipes.reproduce`` pins it).
+
+    Raises:
+        ValueError: for a bad value (named), data of another kind, or another index digest than ``index_digest``.
+        FileNotFoundError: when ``url`` holds no complete prepared dataset.
+
+    Example::
+
+        dm = StreamingImageDataModule("s3://my-bucket/digits", batch_size=32)
+        dm.setup("fit")
+        x, y = next(iter(dm.val_dataloader()))   # x: (32, 1, 8, 8) float32, y: (32,) int64
+    """
+
+    kind = "images"
+
+    def __init__(self, url: str, batch_size: int = 32, shuffle_seed: int = 0, shuffle_window: int = 4,
+                 num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "10GB",
+                 read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
+        super().__init__(url, batch_size, shuffle_seed, shuffle_window, num_workers, cache_dir, max_cache_size,
+                         read_timeout_s, index_digest)
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.meta["num_classes"])
+
+    @override
+    def _split(self, split: str) -> StreamedItems:
+        return _ImageItems(join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s)
+
+    @override
+    def val_batch_size(self) -> int:
+        return 256
+
+    @staticmethod
+    def collate(items: list[Any]) -> Any:
+        return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+    def example_input(self) -> torch.Tensor:
+        """The first validation image as a batch of one."""
+        if not hasattr(self, "val_set"):
+            self.setup("fit")
+        return self.val_set[0][0].unsqueeze(0)
+
+
+class StreamingTextDataModule(_StreamingDataModule):
+    """Byte-level token windows prepared by ``python -m recipes.prepare text``, streamed.
+
+    Each item is one window of ``block_size + 1`` bytes (``x`` and ``y`` shifted by one). The training split tiles
+    the corpus's training bytes (stride ``block_size``: every byte after the first is a target once a pass); the
+    validation split holds the very windows :class:`datamodules.text.TextDataModule` scores with the same
+    ``val_windows``, so ``val/bpb`` compares across the two.
+
+    Args:
+        url: the prepared dataset's folder or bucket URL.
+        block_size: the model's context; must be the one the data was prepared with.
+        batch_size: windows per batch on each rank.
+        shuffle_seed: seed of the training order.
+        shuffle_window: chunks whose items one pass mixes together.
+        num_workers: training loader worker processes.
+        cache_dir: litdata's local cache of downloaded chunks.
+        max_cache_size: the cache's budget.
+        read_timeout_s: how long a read may keep failing before the run ends.
+        index_digest: when set, the data at ``url`` must have this index digest.
+
+    Raises:
+        ValueError: for a bad value (named), or a ``block_size`` other than the prepared one.
+        FileNotFoundError: when ``url`` holds no complete prepared dataset.
+    """
+
+    kind = "tokens"
+    vocab_size = 256
+
+    def __init__(self, url: str, block_size: int = 128, batch_size: int = 16, shuffle_seed: int = 0,
+                 shuffle_window: int = 4, num_workers: int = 0, cache_dir: str = "data/cache/stream",
+                 max_cache_size: str = "10GB", read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
+        super().__init__(url, batch_size, shuffle_seed, shuffle_window, num_workers, cache_dir, max_cache_size,
+                         read_timeout_s, index_digest)
+        self.block_size = block_size
+
+    @override
+    def setup(self, stage: str | None = None) -> None:
+        prepared = int(self.meta["block_size"])
+        if prepared != self.block_size:
+            raise ValueError(f"StreamingTextDataModule(block_size={self.block_size!r}): the data at {self.url} was "
+                             f"prepared with block_size {prepared}.")
+        super().setup(stage)
+
+    @override
+    def _split(self, split: str) -> StreamedItems:
+        return _TokenItems(join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s)
+
+    @staticmethod
+    def collate(items: list[Any]) -> Any:
+        return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+    def baseline_bits_per_byte(self) -> dict[str, float]:
+        """The unigram and bigram bits per byte ``recipes.prepare`` counted (``TextDataModule``'s formula)."""
+        return {k: float(v) for k, v in self.meta["baselines"].items()}
+
+    def example_input(self) -> torch.Tensor:
+        """The first validation window's inputs as a ``(1, block_size)`` batch."""
+        if not hasattr(self, "val_set"):
+            self.setup("fit")
+        return self.val_set[0][0].unsqueeze(0)
