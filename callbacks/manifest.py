@@ -95,13 +95,22 @@ def _version(name: str) -> str | None:
 def training_input(datamodule: Any, fingerprint: str) -> Any:
     """The training data as an MLflow dataset input (the run page's "Datasets"): the datamodule, its fingerprint.
 
-    MLflow keeps one entry per name and digest, so a relaunch with the same data adds nothing.
+    MLflow keeps one entry per name and digest, so a relaunch with the same data adds nothing. A datamodule with
+    ``dataset_source()`` (streamed data: ``{"url": ..., "index_digest": ...}``) is named by its URL, and its source
+    records the URL and the digest of the chunk index.
     """
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     cls = type(datamodule)
-    source = json.dumps({"datamodule": f"{cls.__module__}.{cls.__qualname__}"})
-    return DatasetInput(Dataset(name=cls.__name__, digest=fingerprint[:36], source_type="code", source=source),
+    described = {"datamodule": f"{cls.__module__}.{cls.__qualname__}"}
+    streamed = datamodule.dataset_source() if hasattr(datamodule, "dataset_source") else None
+    if streamed:  # data streamed from a URL: the input names it and the digest of its chunk index
+        described.update(streamed)
+        return DatasetInput(Dataset(name=str(streamed["url"]), digest=fingerprint[:36], source_type="litdata",
+                                    source=json.dumps(described)),
+                            tags=[InputTag(key="mlflow.data.context", value="train")])
+    return DatasetInput(Dataset(name=cls.__name__, digest=fingerprint[:36], source_type="code",
+                                source=json.dumps(described)),
                         tags=[InputTag(key="mlflow.data.context", value="train")])
 
 

@@ -314,9 +314,22 @@ def original_thread_env(run: Run, env: dict[str, str]) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(int(count))}
 
 
-def rerun_config(config: dict[str, Any], run_name: str, runs_root: str | None) -> dict[str, Any]:
-    """The run's config as a fresh run named ``run_name``: its own directories, nothing resumed."""
+#: Datamodules that stream a prepared dataset from a URL: the rerun pins the index digest the original saw.
+STREAMED_DATA = ("datamodules.streaming.StreamingImageDataModule", "datamodules.streaming.StreamingTextDataModule")
+
+
+def rerun_config(config: dict[str, Any], run_name: str, runs_root: str | None,
+                 data_fingerprint: str | None = None) -> dict[str, Any]:
+    """The run's config as a fresh run named ``run_name``: its own directories, nothing resumed.
+
+    A streamed dataset (:data:`STREAMED_DATA`) is read from the same URL, and with ``data_fingerprint`` (the original
+    manifest's) the rerun refuses to train on anything but the chunks the original saw (``index_digest``): data
+    prepared again at that URL since is named, not silently trained on.
+    """
     out = {k: v for k, v in config.items() if k != "config"}  # the original's --config paths: not read again
+    data = out.get("data")
+    if data_fingerprint and isinstance(data, dict) and data.get("class_path") in STREAMED_DATA:
+        out["data"] = {**data, "init_args": {**(data.get("init_args") or {}), "index_digest": data_fingerprint}}
     out.update({"run_name": run_name, "fresh": True, "ckpt_path": None})
     if runs_root is not None:
         out["runs_root"] = runs_root
@@ -441,7 +454,8 @@ def _main(args: argparse.Namespace) -> int:
         warn_differences(config, manifest)
         run_name = args.run_name or f"{run.info.run_name or args.run_id[:8]}-repro-{time.strftime('%Y%m%d-%H%M%S')}"
         config_path = Path(tmp) / "reproduce.yaml"
-        config_path.write_text(yaml.safe_dump(rerun_config(config, run_name, args.runs_root), sort_keys=False))
+        rerun = rerun_config(config, run_name, args.runs_root, manifest.get("data_fingerprint"))
+        config_path.write_text(yaml.safe_dump(rerun, sort_keys=False))
         command = [sys.executable, "-m", "recipes.fit", "--config", str(config_path)]
         print(f"Rerunning run {args.run_id} ({run.info.run_name}) as {run_name!r}: "
               f"{' '.join(command[1:3])} --config <its config.yaml> --run_name {run_name} --fresh true", flush=True)
