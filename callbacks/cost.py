@@ -78,16 +78,13 @@ from .analysis import goodput
 from .analysis.cost_model import run_cost, savings_pct
 from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from .utils.compat import time_every_save
+from .utils.goodput_clock import GoodputClock
 from .utils.steps_file import PROGRESS_FILE, StepsFile, read_steps_run
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
 
 log = logging.getLogger(__name__)
-
-#: Where the ledger's clock is between hooks -> the category the seconds since the last mark go to.
-_CONTEXTS = ("startup", "between", "step", "validation", "checkpoint", "tail")
-
 
 def process_age_s() -> float | None:
     """Seconds since this process was spawned (Linux ``/proc``), or None where that cannot be read."""
@@ -221,19 +218,7 @@ class CostTracker(Callback):
         self._total_steps: float | None = None
         self._steps_file: StepsFile | None = None
         self._final: dict[str, float] = {}
-        # The goodput ledger (see callbacks/analysis/goodput.py). Of the job before this attempt:
-        self._ledger_base = goodput.Ledger()
-        self._first_steps: list[tuple[str, float, float]] = []  # (category, s, instance-s), one per launch
-        self._gap_ledger = goodput.Ledger()
-        # This attempt, in seconds of its clock (priced at its instances when read):
-        self._attempt: dict[str, float] = {}
-        self._context = "startup"
-        self._mark = self._t0_mono
-        self._step_acc = 0.0  # seconds of the step in progress (batches of an accumulated step)
-        self._step_category = "productive"
-        self._first_step_pending = True
-        self._redo_until = -1  # steps up to this global step are reruns
-        self._between_since_step = 0.0  # data-wait seconds since the last step ended (the tail, at the end)
+        self._clock = GoodputClock(self._t0_mono)  # the goodput ledger (callbacks/analysis/goodput.py)
         self._undo_save_timing: Callable[[], None] | None = None
         self._comm_source: Any = None
 
@@ -291,52 +276,10 @@ class CostTracker(Callback):
         return out
 
     # ------------------------------------------------------------------ ledger
-    def _category(self, context: str) -> str:
-        """The ledger category of the seconds spent in ``context``."""
-        if context == "between":
-            return "redone" if self._step_category == "redone" else "data_wait"
-        if context == "step":
-            return self._step_category
-        return context  # startup, validation, tail
-
-    def _account(self, now: float, context: str | None = None) -> float:
-        """File the seconds since the last mark under the current context; returns them."""
-        seconds = max(0.0, now - self._mark)
-        self._mark = now
-        context = context or self._context
-        if context == "step":
-            self._step_acc += seconds
-        else:
-            category = self._category(context)
-            self._attempt[category] = self._attempt.get(category, 0.0) + seconds
-            if category == "data_wait":
-                self._between_since_step += seconds
-        return seconds
-
-    def _raw_ledger(self, now: float | None = None) -> tuple[goodput.Ledger, list[tuple[str, float, float]]]:
-        """The job's ledger up to ``now`` (first steps apart), and the first steps (this launch's included)."""
-        now = time.monotonic() if now is None else now
-        instances = float(self.instances or 1)
-        attempt = goodput.Ledger()
-        for category, seconds in self._attempt.items():
-            attempt.add(category, seconds, instances)
-        pending = max(0.0, now - self._mark)
-        if self._context == "step" or self._step_acc:
-            step_s = self._step_acc + (pending if self._context == "step" else 0.0)
-            attempt.add(self._step_category, step_s, instances)
-        if self._context != "step":
-            attempt.add(self._category(self._context), pending, instances)
-        gap = self._gap_ledger if self._gap_ledger.seconds else goodput.Ledger()
-        unfiled = self._gap_s - gap.total_s()
-        if unfiled > 0:  # the gap, before train start has split it
-            gap = gap.merged(goodput.split_gap(unfiled, 0, None, 0.0, instances))
-        return self._ledger_base.merged(gap, attempt), list(self._first_steps)
-
     def ledger(self) -> goodput.Ledger:
         """The job's goodput ledger now: categories of :mod:`callbacks.analysis.goodput`, summing to the bill."""
-        raw, first = self._raw_ledger()
-        out = goodput.resolve_first_steps(raw, first, self.mean_step_s())
-        return goodput.carve_comm(out, self._comm_share())
+        return self._clock.ledger(time.monotonic(), float(self.instances or 1), self._gap_s, self.mean_step_s(),
+                                  self._comm_share())
 
     def _comm_share(self) -> float:
         """Exposed communication / step time over the run's timed steps (StepTiming's totals), or 0."""
@@ -358,13 +301,11 @@ class CostTracker(Callback):
             return
 
         def timed(save: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            self._account(time.monotonic())
-            outer, self._context = self._context, "checkpoint"
+            outer = self._clock.enter("checkpoint", time.monotonic())
             try:
                 return save(*args, **kwargs)
             finally:
-                self._account(time.monotonic())
-                self._context = outer
+                self._clock.enter(outer, time.monotonic())
 
         self._undo_save_timing = time_every_save(trainer, timed)
 
@@ -425,9 +366,10 @@ class CostTracker(Callback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         step = trainer.global_step
-        self._account(time.monotonic())
-        if self._context != "startup":  # a later fit of this object: its start-up begins now
-            self._context, self._first_step_pending = "startup", True
+        clock = self._clock
+        clock.file(time.monotonic())
+        if clock.context != "startup":  # a later fit of this object: its start-up begins now
+            clock.context, clock.first_pending = "startup", True
         self._seen_step = step
         self._window = (time.monotonic(), step)
         self._prev_end = None
@@ -444,11 +386,11 @@ class CostTracker(Callback):
             sidecar = self._sidecar_steps_run(trainer)
             self.lost_steps = max(saved_lost, (sidecar or 0) - step)
             redo = self.lost_steps - saved_lost
-            self._redo_until = step + redo
+            self._clock.redo_until = step + redo
             spawn = self._spawn_s if self.bill_from == "construction" and self._gap_s > 0 else 0.0
             if self.restart_s is not None:
                 spawn = 0.0  # a fixed restart bill says nothing of what the gap held
-            self._gap_ledger = goodput.split_gap(self._gap_s, redo, self.mean_step_s(), spawn,
+            self._clock.gap = goodput.split_gap(self._gap_s, redo, self.mean_step_s(), spawn,
                                                  float(self.instances or 1))
         if trainer.is_global_zero:
             self._steps_file = StepsFile(self._progress_dir(trainer))
@@ -463,11 +405,8 @@ class CostTracker(Callback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
-        now = self._batch_start = time.monotonic()
-        # the wait before a rerun step is rerun too
-        self._step_category = "redone" if trainer.global_step + 1 <= self._redo_until else "productive"
-        self._account(now)
-        self._context = "step"
+        self._batch_start = time.monotonic()
+        self._clock.step_start(self._batch_start, trainer.global_step + 1)
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: pl.LightningModule, outputs: Any,
@@ -477,12 +416,10 @@ class CostTracker(Callback):
         if start is not None:
             self._step_s_total += now - start
         self._prev_end = now
-        self._account(now)
-        self._context = "between"
         stepped = trainer.global_step - self._seen_step
+        self._clock.step_end(now, stepped > 0, float(self.instances or 1))
         if stepped <= 0:  # gradient accumulation: this batch's time belongs to the coming step
             return
-        self._file_step()
         self._seen_step = trainer.global_step
         self._steps_timed += stepped
         self._write_progress(trainer)
@@ -490,38 +427,20 @@ class CostTracker(Callback):
         if trainer.global_step % every == 0:
             self._log(trainer)
 
-    def _file_step(self) -> None:
-        """Put the step just ended in the ledger (a launch's first step apart: see ``resolve_first_steps``)."""
-        seconds, self._step_acc = self._step_acc, 0.0
-        if self._first_step_pending:
-            self._first_step_pending = False
-            self._first_steps.append((self._step_category, seconds, seconds * float(self.instances or 1)))
-        else:
-            self._attempt[self._step_category] = self._attempt.get(self._step_category, 0.0) + seconds
-        self._between_since_step = 0.0
-
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         self._prev_end = None  # validation is not step time (it is billed all the same)
-        if self._context not in ("startup", "validation"):  # the sanity check is start-up
-            self._account(time.monotonic())
-            self._context = "validation"
+        if self._clock.context not in ("startup", "validation"):  # the sanity check is start-up
+            self._clock.enter("validation", time.monotonic())
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
-        if self._context == "validation":
-            self._account(time.monotonic())
-            self._context = "between"
+        if self._clock.context == "validation":
+            self._clock.enter("between", time.monotonic())
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
-        self._account(time.monotonic())
-        # the data wait after the last step was the end of training, not a wait for a batch
-        tail = min(self._between_since_step, self._attempt.get("data_wait", 0.0))
-        self._attempt["data_wait"] = self._attempt.get("data_wait", 0.0) - tail
-        self._attempt["tail"] = self._attempt.get("tail", 0.0) + tail
-        self._between_since_step = 0.0
-        self._context = "tail"
+        self._clock.train_end(time.monotonic())
         self._log(trainer)
         if self.plot and trainer.is_global_zero and self._final:
             self.plot_path = self._write_plot(trainer)
@@ -569,10 +488,8 @@ class CostTracker(Callback):
     def state_dict(self) -> dict[str, Any]:
         now = time.monotonic()
         elapsed = self._gap_s + (now - self._t0_mono)
-        raw, first = self._raw_ledger(now)
         return {
-            "goodput": raw.state(),
-            "goodput_first_steps": [list(f) for f in first],
+            **self._clock.state(now, float(self.instances or 1), self._gap_s),
             "billed_s": self.billed_s(elapsed),
             "instance_s": self.instance_s(elapsed),
             "saved_at": time.time(),
@@ -592,8 +509,7 @@ class CostTracker(Callback):
             self._t0_mono += saved_at - self._t0_wall
             self._t0_wall = saved_at
             self._gap_s = 0.0
-            self._attempt, self._step_acc, self._mark = {}, 0.0, self._t0_mono
-            self._context, self._first_step_pending = "startup", True
+            self._clock.reset(self._t0_mono)
         else:
             self._gap_s = self.restart_s if self.restart_s is not None else self._t0_wall - saved_at
         self._base_wall_s = float(state_dict["billed_s"])
@@ -602,16 +518,7 @@ class CostTracker(Callback):
         self.lost_steps = int(state_dict.get("lost_steps", 0))
         self._step_s_total = float(state_dict.get("step_s_total", 0.0))
         self._steps_timed = int(state_dict.get("steps_timed", 0))
-        if "goodput" in state_dict:
-            self._ledger_base = goodput.Ledger.from_state(state_dict["goodput"])
-            self._first_steps = [(str(c), float(sec), float(inst))
-                                 for c, sec, inst in state_dict.get("goodput_first_steps", [])]
-        else:  # a checkpoint from before the ledger: its seconds are billed, their causes unknown
-            self._ledger_base = goodput.Ledger()
-            self._ledger_base.add("unattributed", self._base_wall_s,
-                                  self._base_instance_s / self._base_wall_s if self._base_wall_s > 0 else 1.0)
-            self._first_steps = []
-        self._gap_ledger = goodput.Ledger()
+        self._clock.load(state_dict, self._base_wall_s, self._base_instance_s)
 
     # ----------------------------------------------------------------- summary
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:

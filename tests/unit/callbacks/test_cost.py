@@ -270,3 +270,100 @@ def test_bad_input_names_the_value(kwargs: dict[str, Any], error: type[Exception
     with pytest.raises(error) as info:
         CostTracker(**kwargs)
     assert named in str(info.value)
+
+
+class SlowLoadModel(TimedModel):
+    """Each training batch takes 0.25 s to load, each validation batch 1 s to run (2 batches a validation)."""
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        self.clock.advance(1.0)
+
+    def train_dataloader(self) -> DataLoader:
+        def collate(items: list[Any]) -> list[torch.Tensor]:
+            self.clock.advance(0.25)
+            return [torch.stack([i[0] for i in items])]
+        return DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=4, collate_fn=collate)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+
+
+class SlowSave(Callback):
+    """Save after step ``at``; the save stalls the loop ``seconds`` of the fake clock."""
+
+    def __init__(self, clock: FakeTime, path: Path, at: int, seconds: float) -> None:
+        self.clock, self.path, self.at, self.seconds = clock, path, at, seconds
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if trainer.global_step == self.at:
+            trainer.save_checkpoint(self.path)
+
+    def on_save_checkpoint(self, *args: Any) -> None:
+        self.clock.advance(self.seconds)
+
+
+class CommTotals(Callback):
+    """Stands in for StepTiming's run totals: exposed comm is 1 s of 9 s of compute (data wait apart)."""
+
+    totals = {"data": 1.0, "forward": 4.0, "backward": 3.0, "comm_exposed": 1.0, "optimizer": 1.0}
+
+    def mean_parts(self) -> dict[str, float]:
+        return self.totals
+
+
+def test_ledger_files_every_cause_by_hand(tmp_path: Path, clock: FakeTime) -> None:
+    logger = RecordingLogger()
+    tracker = CostTracker(instance="a3-highgpu-1g", log_every_n_steps=100, plot=False)
+    clock.advance(3.0)
+    trainer = Trainer(default_root_dir=tmp_path, max_steps=10, accelerator="cpu", devices=1, logger=logger,
+                      callbacks=[tracker, SlowSave(clock, tmp_path / "s.ckpt", 4, 0.5), CommTotals()],
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=2, val_check_interval=5, num_sanity_val_steps=0)
+    trainer.fit(SlowLoadModel(clock))
+    final = logger.calls[-1][1]
+    got = {k[len("goodput/"):-2]: v for k, v in final.items() if k.startswith("goodput/") and k.endswith("_s")}
+    # 3 s before fit + 10 x 2 s steps + 10 x 0.25 s loads + 2 validations x 2 s + one 0.5 s save = 30 s
+    assert final["cost/billed_s"] == 30.0
+    assert got == pytest.approx({
+        "startup": 3.25,           # 3 s, then the first batch's load
+        "productive": 20 * 8 / 9,  # 10 steps x 2 s, less the exposed comm
+        "comm_exposed": 20 / 9,    # 1 s of StepTiming's 9 s of compute
+        "data_wait": 2.25,         # the other 9 loads
+        "validation": 4.0, "checkpoint": 0.5, "redone": 0.0, "tail": 0.0, "restart": 0.0,
+    })
+    assert sum(got.values()) == pytest.approx(final["cost/billed_s"], rel=1e-12)
+
+
+def test_spawn_to_clock_is_start_up(tmp_path: Path, clock: FakeTime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seconds from process spawn to the bill's clock: billed with ``bill_from="spawn"``, and on a relaunch
+    moved out of the gap (which holds them either way) into start-up."""
+    monkeypatch.setattr(cost, "process_age_s", lambda: 5.0)  # 5 s of imports before the CLI built the tracker
+    ckpt = tmp_path / "checkpoints" / "step=4.ckpt"
+    spawned = CostTracker(instance="a3-highgpu-1g", bill_from="spawn", log_every_n_steps=100, plot=False)
+    _trainer(tmp_path, [spawned, SaveThenDie(ckpt, save_at=4, die_at=6)], RecordingLogger()).fit(TimedModel(clock))
+    assert spawned.billed_s() == 5 + 12.0  # 6 steps of 2 s, and the 5 s before construction
+    assert spawned.ledger().seconds == {"startup": 5.0, "productive": 12.0, "data_wait": 0.0, "checkpoint": 0.0,
+                                        "tail": 0.0}
+    clock.advance(30.0)
+    logger = RecordingLogger()
+    relaunch = CostTracker(instance="a3-highgpu-1g", log_every_n_steps=100, plot=False)  # bill from construction
+    _trainer(tmp_path, [relaunch], logger).fit(TimedModel(clock), ckpt_path=ckpt)
+    final = logger.calls[-1][1]
+    # saved at 5 + 8 = 13 s billed; gap 34 s = the first runs of steps 5-6 (4 s), the relaunch's 5 s of imports,
+    # 25 s down; then steps 5-6 again (4 s redone) and 7-10 (8 s)
+    assert final["cost/billed_s"] == 13 + 34 + 12
+    assert (final["goodput/startup_s"], final["goodput/productive_s"], final["goodput/redone_s"],
+            final["goodput/restart_s"]) == (10.0, 20.0, 4.0, 25.0)
+
+
+def test_bad_bill_from_names_the_value() -> None:
+    with pytest.raises(ValueError, match=r"CostTracker\(bill_from='boot'\)"):
+        CostTracker(bill_from="boot")  # type: ignore[arg-type]
+
+
+def test_goodput_plot_beside_the_run(tmp_path: Path, clock: FakeTime) -> None:
+    tracker = CostTracker(instance="a3-highgpu-1g", log_every_n_steps=100)
+    _trainer(tmp_path, [tracker], RecordingLogger(), max_steps=2).fit(TimedModel(clock))
+    assert tracker.plot_path == tmp_path / "goodput.png"
+    assert tracker.plot_path.read_bytes()[:4] == b"\x89PNG"
+    assert tracker.summary_rows({})[-1] == ("goodput ledger", str(tmp_path / "goodput.png"))
