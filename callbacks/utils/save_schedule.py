@@ -20,9 +20,20 @@ from typing import Literal
 
 from ..analysis.ckpt_interval import daly_interval, expected_overhead, interval_mismatch, mtbf_from_rate
 
-__all__ = ["SaveSchedule"]
+__all__ = ["FLOOR_S", "SaveSchedule", "describe_save"]
 
 log = logging.getLogger(__name__)
+
+#: The least save cost Daly's formula is given (a save measured faster still costs something).
+FLOOR_S = 1e-3
+
+
+def describe_save(seconds: float) -> str:
+    """The measured save cost for a person: ms below a second (never rounded to zero), and the floor if used."""
+    ms = seconds * 1e3
+    text = f"{seconds:.2f} s" if seconds >= 1.0 else f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"
+    floor = f", counted as {FLOOR_S * 1e3:.0f} ms" if seconds < FLOOR_S else ""
+    return f"the first save's {text} loop stall{floor}"
 
 
 class SaveSchedule:
@@ -72,17 +83,19 @@ class SaveSchedule:
         if self.checked or self.interruption_rate <= 0:
             return None
         self.checked = True
-        save_cost_s = max(save_cost_s, 1e-3)
+        measured = save_cost_s
+        save_cost_s = max(save_cost_s, FLOOR_S)
         mtbf_s = mtbf_from_rate(self.interruption_rate, 3600.0 * self.rate_period_h, instances=instances)
         optimum_s = daly_interval(save_cost_s, mtbf_s)
+        cost = describe_save(measured)
         if self.every_minutes == "auto":
             self.interval_s = optimum_s
             if speak:
-                log.warning("SpotCheckpoint(every_minutes='auto'): saving every %.1f min (Daly's optimum for a %.2f s "
-                            "save and a %.1f h MTBF).", optimum_s / 60, save_cost_s, mtbf_s / 3600)
+                log.warning("SpotCheckpoint(every_minutes='auto'): saving every %.1f min (Daly's optimum for %s "
+                            "and a %.1f h MTBF).", optimum_s / 60, cost, mtbf_s / 3600)
         elif self.interval_s is not None and interval_mismatch(self.interval_s, optimum_s) > 2.0 and speak:
             log.warning("SpotCheckpoint(every_minutes=%s) is more than 2x away from Daly's optimum of %.1f min "
-                        "(save %.2f s, MTBF %.1f h).", self.every_minutes, optimum_s / 60, save_cost_s, mtbf_s / 3600)
+                        "(for %s and a %.1f h MTBF).", self.every_minutes, optimum_s / 60, cost, mtbf_s / 3600)
         if self.interval_s is None:
             return None
         return {"spot/interval_s": self.interval_s, "spot/optimal_interval_s": optimum_s,

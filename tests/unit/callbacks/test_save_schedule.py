@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -51,3 +52,17 @@ def test_more_instances_shorten_the_mtbf_and_the_interval() -> None:
     one.saved(300.0, instances=1, speak=False)
     eight.saved(300.0, instances=8, speak=False)
     assert eight.interval_s is not None and one.interval_s is not None and eight.interval_s < one.interval_s
+
+
+@pytest.mark.parametrize(("save_s", "said"), [
+    (0.0032, "the first save's 3.2 ms loop stall"),
+    (0.0, "the first save's 0 ms loop stall, counted as 1 ms"),
+    (2.5, "the first save's 2.50 s loop stall"),
+])
+def test_auto_names_the_save_cost_it_used(save_s: float, said: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 47: "Daly's optimum for a 0.00 s save" rounded the measured save away."""
+    schedule = SaveSchedule(every_minutes="auto", interruption_rate=0.05)
+    with caplog.at_level(logging.WARNING):
+        schedule.saved(save_s, instances=1, speak=True)
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert said in message and "0.00 s" not in message
