@@ -142,6 +142,9 @@ class _DropOutOfSpace(logging.Filter):
 MLFLOW_WRITE_LOGGERS = ("mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue",
                         "mlflow.system_metrics.system_metrics_monitor", "mlflow.tracking._tracking_service.client")
 _DROP_OUT_OF_SPACE = _DropOutOfSpace()
+#: One filter object for every launch: ``addFilter`` skips one already there, so a kernel or a sweep that launches
+#: many fits in one process does not pile up a filter per launch.
+_DROP_TIP = _DropLines("💡 Tip:")
 
 
 def quiet_known_noise() -> None:
@@ -158,7 +161,7 @@ def quiet_known_noise() -> None:
       that says so: ``recipes.run.errors.store_full_message``).
     """
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropLines("💡 Tip:"))
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DROP_TIP)
     os.environ.setdefault(MLFLOW_QUIET_URL_ENV, "true")  # the run's page is printed once, in the end table
     for name in ("mlflow.system_metrics", "mlflow.store.db.utils", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
