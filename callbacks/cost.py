@@ -28,8 +28,8 @@ which counts every attempt since the checkpoint, also attempts killed before the
 (their work is in the sidecar, not in any checkpoint). This is exact to the step, needs no logger
 and no MLflow query, unlike a metric history, which is only as fine as its logging cadence. The
 work lost costs ``lost_steps x mean step time x instances x price``, the mean step time being the
-time from one optimizer step's end to the next (data wait included, validation excluded) over the
-job's steps so far.
+time from one optimizer step's end to the next (data wait included; validation, checkpoint saves and
+each launch's first step excluded) over the job's steps so far.
 
 The projection is ``spent + remaining steps x recent seconds per step x instances x price``, with
 the recent speed measured over the last logging window (wall time, so validation and saves count)
@@ -207,6 +207,9 @@ class CostTracker(Callback):
         self.lost_steps = 0
         self._step_s_total = 0.0
         self._steps_timed = 0
+        self._warm = False  # this launch's first step is done (it is kept out of the mean step)
+        self._step_pending_s = 0.0
+        self._saves: list[tuple[float, float]] = []  # this batch's checkpoint saves (monotonic start, end)
         # This attempt only.
         self._restored: dict[str, Any] | None = None
         self._resumed_step: int | None = None
@@ -301,11 +304,14 @@ class CostTracker(Callback):
             return
 
         def timed(save: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            outer = self._clock.enter("checkpoint", time.monotonic())
+            start = time.monotonic()
+            outer = self._clock.enter("checkpoint", start)
             try:
                 return save(*args, **kwargs)
             finally:
-                self._clock.enter(outer, time.monotonic())
+                end = time.monotonic()
+                self._clock.enter(outer, end)
+                self._saves.append((start, end))
 
         self._undo_save_timing = time_every_save(trainer, timed)
 
@@ -373,6 +379,7 @@ class CostTracker(Callback):
         self._seen_step = step
         self._window = (time.monotonic(), step)
         self._prev_end = None
+        self._warm, self._step_pending_s, self._saves = False, 0.0, []
         try:
             total = float(trainer.estimated_stepping_batches)
         except Exception:  # e.g. accumulation that changes per epoch: no projection
@@ -413,15 +420,20 @@ class CostTracker(Callback):
                            batch: Any, batch_idx: int) -> None:
         now = time.monotonic()
         start = self._prev_end if self._prev_end is not None else self._batch_start
-        if start is not None:
-            self._step_s_total += now - start
+        if start is not None:  # the batch's time less the checkpoint saves in it (a stall, not the step)
+            saves = sum(max(0.0, min(b, now) - max(a, start)) for a, b in self._saves)
+            self._step_pending_s += max(0.0, now - start - saves)
+        self._saves = []
         self._prev_end = now
         stepped = trainer.global_step - self._seen_step
         self._clock.step_end(now, stepped > 0, float(self.instances or 1))
         if stepped <= 0:  # gradient accumulation: this batch's time belongs to the coming step
             return
         self._seen_step = trainer.global_step
-        self._steps_timed += stepped
+        if self._warm:  # a launch's first step (lazy initialization, compilation) is not a typical step
+            self._step_s_total += self._step_pending_s
+            self._steps_timed += stepped
+        self._warm, self._step_pending_s = True, 0.0
         self._write_progress(trainer)
         every = self.log_every_n_steps or trainer.log_every_n_steps or 1
         if trainer.global_step % every == 0:

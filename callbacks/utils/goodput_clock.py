@@ -6,7 +6,8 @@ categories of a launch add up to its clock exactly. Contexts: ``startup`` (until
 sanity check included), ``step`` (a batch's start to its end), ``between`` (a step's end to the next start:
 data wait, or redone when the next step is a rerun), ``validation``, ``checkpoint`` (inside
 ``trainer.save_checkpoint``), ``tail`` (after training ended). The seconds between the last step and the end
-of training, filed as data wait, move to ``tail`` at the end.
+of training go to ``tail``: the seconds between two steps are filed when the next step starts, under its
+category (a rerun's wait is rerun too), or as ``tail`` when training ends first.
 
 A launch's first step is kept apart (``first_steps``): its time above the run's mean step is start-up (see
 :func:`callbacks.analysis.goodput.resolve_first_steps`). No torch, no Lightning: the callback passes times in.
@@ -43,7 +44,7 @@ class GoodputClock:
         self.step_category = "productive"
         self.first_pending = True
         self.redo_until = -1  # steps up to this global step are reruns
-        self._between_since_step = 0.0
+        self.between_s = 0.0  # since the last step ended (outside validation and saves): filed at the next start
 
     def category(self, context: str) -> str:
         """The ledger category of the seconds spent in ``context``."""
@@ -59,11 +60,13 @@ class GoodputClock:
         self.mark = now
         if self.context == "step":
             self.step_s += seconds
-            return
-        category = self.category(self.context)
+        elif self.context == "between":
+            self.between_s += seconds
+        else:
+            self._add(self.category(self.context), seconds)
+
+    def _add(self, category: str, seconds: float) -> None:
         self.attempt[category] = self.attempt.get(category, 0.0) + seconds
-        if category == "data_wait":
-            self._between_since_step += seconds
 
     def enter(self, context: str, now: float) -> str:
         """File up to ``now``, then switch to ``context``; returns the context left."""
@@ -75,6 +78,8 @@ class GoodputClock:
         """A batch of optimizer step ``next_step`` starts (the wait before a rerun is rerun too)."""
         self.step_category = "redone" if next_step <= self.redo_until else "productive"
         self.enter("step", now)
+        self._add(self.category("between"), self.between_s)
+        self.between_s = 0.0
 
     def step_end(self, now: float, stepped: bool, instances: float) -> None:
         """A batch ended; ``stepped``: it completed an optimizer step, which goes into the ledger."""
@@ -86,16 +91,13 @@ class GoodputClock:
             self.first_pending = False
             self.first_steps.append((self.step_category, seconds, seconds * instances))
         else:
-            self.attempt[self.step_category] = self.attempt.get(self.step_category, 0.0) + seconds
-        self._between_since_step = 0.0
+            self._add(self.step_category, seconds)
 
     def train_end(self, now: float) -> None:
-        """Training is over: the data wait since the last step was its end (``tail``)."""
+        """Training is over: the time since the last step (saves and validation apart) is its end (``tail``)."""
         self.file(now)
-        tail = min(self._between_since_step, self.attempt.get("data_wait", 0.0))
-        self.attempt["data_wait"] = self.attempt.get("data_wait", 0.0) - tail
-        self.attempt["tail"] = self.attempt.get("tail", 0.0) + tail
-        self._between_since_step = 0.0
+        self._add("tail", self.between_s)
+        self.between_s = 0.0
         self.context = "tail"
 
     def raw(self, now: float, instances: float, gap_s: float) -> goodput.Ledger:
@@ -112,7 +114,10 @@ class GoodputClock:
         pending = max(0.0, now - self.mark)
         if self.context == "step" or self.step_s:
             attempt.add(self.step_category, self.step_s + (pending if self.context == "step" else 0.0), instances)
-        if self.context != "step":
+        between = self.between_s + (pending if self.context == "between" else 0.0)
+        if between:  # live: as data wait (or a rerun's), which it is unless training ends next
+            attempt.add(self.category("between"), between, instances)
+        if self.context not in ("step", "between"):
             attempt.add(self.category(self.context), pending, instances)
         gap = self.gap
         if gap_s - gap.total_s() > 0:  # before train start split it
