@@ -113,6 +113,10 @@ class PassSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Start pass ``epoch`` (shifted as a restored state says, see the class docstring)."""
         self._requested = epoch
+        if self._iterating and self._taken < self._share and self.epoch == epoch + self._offset:
+            # the pass is under way already: loader workers start drawing indices as soon as the iterator exists,
+            # which can be before Lightning sets the epoch; resetting would lose the count of what was drawn
+            return
         if not self._restored:
             self.epoch, self.cursor, self.complete, self._iterating = epoch + self._offset, 0, False, False
 
@@ -199,6 +203,12 @@ class ResumableLoader(StatefulDataLoader):
         sampler = self.sampler
         if isinstance(sampler, PassSampler):
             cursor = sampler.state_dict()
+            # with workers, the sampler in this process has run ahead by the batches the workers prefetch; the
+            # position at the last batch handed out is the one in torchdata's snapshot
+            main = (state.get("_snapshot") or {}).get("_main_snapshot") or {}
+            snapshot = (main.get("_sampler_iter_state") or {}).get("sampler_state")
+            if isinstance(snapshot, dict) and "yielded" in snapshot:
+                cursor = dict(snapshot)
             state[CURSOR_KEY] = {**cursor, "complete": bool(cursor.get("complete") or state.get(
                 "_iterator_finished", False)), "world_size": sampler.num_replicas}
         return state

@@ -60,13 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val_windows", type=int, default=128, help="text: validation windows (evenly spaced).")
     parser.add_argument("--max_bytes", type=int, default=None, help="text: cap on the corpus's bytes.")
     parser.add_argument("--max_files", type=int, default=None, help="text: cap on the corpus's files.")
+    parser.add_argument("--max_items", type=int, default=None,
+                        help="images/mnist/digits: keep the first N training items and N/4 validation items (small "
+                             "sets for tests and trials).")
     parser.add_argument("--staging", default="data/prepare", help="Local folder where the chunks are made.")
     return parser
 
 
 # ------------------------------------------------------------------------------------------------- the sources
 def _check_positive(args: argparse.Namespace) -> None:
-    for flag in ("chunk_items", "block_size", "val_windows", "max_bytes", "max_files"):
+    for flag in ("chunk_items", "max_items", "block_size", "val_windows", "max_bytes", "max_files"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise UsageError(f"--{flag} {value}: must be an integer >= 1")
@@ -150,7 +153,10 @@ def describe(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, tuple[
     settings = {"source": args.source, "chunk_items": args.chunk_items, "split_seed": args.split_seed}
     if args.source != "text":
         meta, splits, content = _image_arrays(args)
-        settings["val_fraction"] = args.val_fraction
+        if args.max_items is not None:
+            caps = (args.max_items, max(1, args.max_items // 4))
+            splits = [(x[:cap], y[:cap]) for (x, y), cap in zip(splits, caps, strict=True)]
+        settings.update(val_fraction=args.val_fraction, max_items=args.max_items)
         meta["kind"] = "images"
         fns = {name: (functools.partial(_image_item, x=x, y=y), len(y)) for name, (x, y) in zip(("train", "val"),
                                                                                                 splits, strict=True)}

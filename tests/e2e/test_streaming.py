@@ -1,0 +1,226 @@
+"""Streamed data, exact and elastic: the CLI as a user runs it, the chunks in moto's S3, a per-sample trace.
+
+One small digits dataset (300 training items in chunks of 32, so an epoch of 10 steps spans 10 chunks) is prepared
+once into a moto bucket with ``python -m recipes.prepare``; every run streams it with 2 loader workers. An
+uninterrupted run is the reference: a run killed mid-epoch (SIGKILL) and relaunched ends bitwise equal to it; runs
+stopped mid-epoch on 2 processes and resumed on 1 (and 1 -> 2) train each sample of every epoch exactly once; a
+bucket that disappears mid-run ends the run in one ``atscale:`` line (exit 75) and the relaunch, with the bucket
+back, still ends bitwise equal to the reference.
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from datamodules.streaming import StreamingImageDataModule, index_digest
+from recipes import prepare
+from tests.conftest import (
+    CONFIGS,
+    FAST,
+    assert_bitwise_equal,
+    cli_env,
+    final_weights,
+    run_fit,
+    runs_of,
+    start_fit,
+)
+from tests.sample_trace import epoch_counts, split_counts
+from tests.servers import S3Server, moto_s3  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.timeout(900, func_only=True)
+
+BUCKET = "atscale-stream"
+EPOCHS = 2
+WORKERS = "2"
+REQUEUE = 75
+DDP = ("--config", str(CONFIGS / "strategy/ddp.yaml"))
+ONE = ("--trainer.devices", "1", "--trainer.strategy", "auto")
+
+
+class DropBucket(Callback):
+    """Delete every object of ``bucket`` and the bucket itself once training passes ``step`` (a store that goes away).
+
+    Args:
+        bucket: the bucket's name (the credentials and endpoint come from the environment).
+        step: the global step after which the bucket is gone.
+    """
+
+    def __init__(self, bucket: str, step: int) -> None:
+        self.bucket, self.step, self.done = bucket, step, False
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.done or trainer.global_step < self.step:
+            return
+        import boto3
+
+        client = boto3.client("s3")
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+            for item in page.get("Contents", []):
+                client.delete_object(Bucket=self.bucket, Key=item["Key"])
+        client.delete_bucket(Bucket=self.bucket)
+        self.done = True
+
+
+@pytest.fixture(scope="module")
+def dataset(moto_s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``s3://atscale-stream/digits``: 300 training and 75 validation digits in chunks of 32, prepared once."""
+    moto_s3.make_bucket(BUCKET)
+    url = f"s3://{BUCKET}/digits"
+    workdir = tmp_path_factory.mktemp("prepare")
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in moto_s3.env.items():
+            patch.setenv(key, value)
+        patch.chdir(workdir)
+        assert prepare.main(["digits", "--output", url, "--chunk_items", "32", "--max_items", "300"]) == 0
+    return url
+
+
+def env_for(workdir: Path, s3: S3Server) -> dict[str, str]:
+    return cli_env(workdir, **s3.env)
+
+
+def streamed(workdir: Path, url: str, *args: str) -> tuple[str, ...]:
+    """The streamed digits recipe for ``EPOCHS`` epochs, 2 loader workers, a checkpoint every 3 steps, traced."""
+    return ("--config", str(CONFIGS / "digits-stream.yaml"), *FAST, "--log_model", "false",
+            "--data.url", url, "--data.num_workers", WORKERS, "--data.read_timeout_s", "2",
+            "--trainer.max_epochs", str(EPOCHS), "--spot.every_n_steps", "3",
+            "--trainer.callbacks+=tests.sample_trace.SampleTrace", f"--trainer.callbacks.path={workdir / 'trace'}",
+            *args)
+
+
+@pytest.fixture(scope="module")
+def split(dataset: str, moto_s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> collections.Counter:
+    """How many times each training sample occurs in the streamed split (what every epoch must train)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in moto_s3.env.items():
+            patch.setenv(key, value)
+        dm = StreamingImageDataModule(dataset, cache_dir=str(tmp_path_factory.mktemp("split-cache")))
+        dm.setup("fit")
+        return split_counts(dm.train_set)
+
+
+@pytest.fixture(scope="module")
+def reference(dataset: str, moto_s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted streamed run on one process."""
+    workdir = tmp_path_factory.mktemp("stream-ref")
+    run_fit(workdir, *streamed(workdir, dataset, *ONE), "--run_name", "ref", env=env_for(workdir, moto_s3),
+            check=True)
+    return workdir
+
+
+def assert_each_sample_once_per_epoch(workdir: Path, split: collections.Counter) -> None:
+    counts = epoch_counts(workdir / "trace")
+    assert sorted(counts) == list(range(EPOCHS))
+    for epoch, seen in counts.items():
+        twice, never = sum((seen - split).values()), sum((split - seen).values())
+        assert (twice, never) == (0, 0), f"epoch {epoch}: {twice} trained twice, {never} never"
+
+
+def test_prepare_names_the_dataset_and_refuses_another(dataset: str, moto_s3: S3Server, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    for key, value in moto_s3.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    digest = index_digest(dataset)
+    capsys.readouterr()
+    assert prepare.main(["digits", "--output", dataset, "--chunk_items", "32", "--max_items", "300"]) == 0
+    assert capsys.readouterr().out == f"{dataset} already holds this dataset (index digest {digest[:12]}); nothing " \
+                                      "to do.\n"
+    assert prepare.main(["digits", "--output", dataset, "--chunk_items", "16", "--max_items", "300"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --output {dataset} already holds a different dataset (prepared from digits, "), err
+    assert err.count("\n") == 1
+    assert index_digest(dataset) == digest  # nothing written
+    assert prepare.main(["images", "--root", str(tmp_path / "nowhere"), "--output", dataset + "-x"]) == 2
+    assert capsys.readouterr().err == f"error: --root {tmp_path / 'nowhere'}: no such folder\n"
+    assert prepare.main(["digits", "--output", "s3://atscale-no-such-bucket/d", "--max_items", "40"]) == 2
+    out = capsys.readouterr()
+    assert out.err.endswith("error: --output s3://atscale-no-such-bucket/d: the bucket or container does not exist\n")
+    assert moto_s3.env["AWS_SECRET_ACCESS_KEY"] not in out.out + out.err
+
+
+def test_sigkill_mid_epoch_resumes_bitwise(dataset: str, moto_s3: S3Server, reference: Path,
+                                           split: collections.Counter, tmp_path: Path) -> None:
+    """Killed at step 14 (epoch 1, past the checkpoint of step 12): the relaunch ends equal to the reference."""
+    env = env_for(tmp_path, moto_s3)
+    kill = ("--trainer.callbacks+=tests.faults.KillOnce", "--trainer.callbacks.step=14",
+            f"--trainer.callbacks.marker={tmp_path / 'killed'}")
+    proc = start_fit(tmp_path, *streamed(tmp_path, dataset, *ONE, *kill), "--run_name", "s", env=env,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGKILL and (tmp_path / "killed").read_text() == "14", stderr[-3000:]
+    second = run_fit(tmp_path, *streamed(tmp_path, dataset, *ONE, *kill), "--run_name", "s", env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "(step 12" in second.stderr, second.stderr[-3000:]
+    assert_bitwise_equal(final_weights(reference, "ref", "digits-stream"),
+                         final_weights(tmp_path, "s", "digits-stream"))
+    assert_each_sample_once_per_epoch(tmp_path, split)
+    assert epoch_counts(tmp_path / "trace") == epoch_counts(reference / "trace")
+    (run,) = runs_of(tmp_path, "digits-stream")
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == dataset
+    assert dataset_input.dataset.digest == index_digest_of(dataset, moto_s3)[:36]
+    assert f'"index_digest": "{index_digest_of(dataset, moto_s3)}"' in dataset_input.dataset.source
+
+
+def index_digest_of(url: str, s3: S3Server) -> str:
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in s3.env.items():
+            patch.setenv(key, value)
+        return index_digest(url)
+
+
+@pytest.mark.parametrize(("before", "after", "stop"), [("2", "1", 4), ("1", "2", 5)])
+def test_other_world_size_trains_each_sample_once(dataset: str, moto_s3: S3Server,
+                                                   split: collections.Counter, tmp_path: Path, before: str,
+                                                   after: str, stop: int) -> None:
+    """Stopped mid-epoch 0 (a fire drill's SIGTERM) on one world size, resumed on the other."""
+    env = env_for(tmp_path, moto_s3)
+    world = {"1": ONE, "2": DDP}
+    first = run_fit(tmp_path, *streamed(tmp_path, dataset, *world[before], "--spot.drill_steps", f"[{stop}]"),
+                    "--run_name", "el", env=env)
+    assert first.returncode == REQUEUE, first.stderr[-3000:]
+    second = run_fit(tmp_path, *streamed(tmp_path, dataset, *world[after]), "--run_name", "el", env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.stderr.count(f"Resumed on {after} rank(s) from a checkpoint of {before} (step {stop})") == 1
+    assert_each_sample_once_per_epoch(tmp_path, split)
+
+
+def test_bucket_gone_mid_run_ends_in_one_line_and_resumes(dataset: str, moto_s3: S3Server,
+                                                          reference: Path, tmp_path: Path) -> None:
+    """The bucket vanishes after step 7: one ``atscale:`` line, exit 75; with it back, the relaunch ends as the
+    reference did."""
+    bucket = "atscale-stream-gone"
+    moto_s3.make_bucket(bucket)
+    client = moto_s3.client()
+    keys = moto_s3.keys(BUCKET, "digits/")
+    for key in keys:
+        client.copy_object(Bucket=bucket, Key=key, CopySource={"Bucket": BUCKET, "Key": key})
+    url = f"s3://{bucket}/digits"
+    env = env_for(tmp_path, moto_s3)
+    drop = ("--trainer.callbacks+=tests.e2e.test_streaming.DropBucket", f"--trainer.callbacks.bucket={bucket}",
+            "--trainer.callbacks.step=7")
+    first = run_fit(tmp_path, *streamed(tmp_path, url, *ONE, *drop), "--run_name", "gone", env=env, timeout=300)
+    assert first.returncode == REQUEUE, first.stderr[-3000:]
+    lines = [line for line in first.stderr.splitlines() if line.startswith("atscale:")]
+    assert len(lines) == 1, first.stderr[-3000:]
+    assert lines[0].startswith(f"atscale: the streamed data at {url}/train cannot be read (NoSuchBucket: "), lines
+    assert "Traceback" not in first.stderr
+    assert moto_s3.env["AWS_SECRET_ACCESS_KEY"] not in first.stderr
+    moto_s3.make_bucket(bucket)
+    for key in keys:
+        client.copy_object(Bucket=bucket, Key=key, CopySource={"Bucket": BUCKET, "Key": key})
+    second = run_fit(tmp_path, *streamed(tmp_path, url, *ONE), "--run_name", "gone", env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "(step 6" in second.stderr, second.stderr[-3000:]
+    assert_bitwise_equal(final_weights(reference, "ref", "digits-stream"),
+                         final_weights(tmp_path, "gone", "digits-stream"))
