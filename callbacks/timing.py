@@ -614,14 +614,34 @@ class StepTiming(Callback):
                         if self.fsdp_collective_s else "no step profiled")
             rows.append(("comm (FSDP)", f"{measured}; NOT measured under FSDP: exposed comm (counted as backward), "
                                         "bytes per step, model prediction"))
+        rows.extend(self.projection_rows(means))
+        if self.plot_path is not None:
+            rows.append(("time breakdown", str(self.plot_path)))
+        return rows
+
+    def projection_rows(self, means: dict[str, float]) -> list[tuple[str, str]]:
+        """Amdahl's projection, said to be one, with what it assumes and what was measured beside it.
+
+        On one process the serial share holds no communication and no second rank's threads on shared
+        cores, so the projection is an upper bound; on N ranks it stands beside what those N measured.
+        """
         share = serial_fraction(means, self.checkpoint_s / self.steps)
         s = amdahl_serial_fraction(share, self.world_size)
         preds = ", ".join(f"x{amdahl_speedup(n, s):.2f} at N={n}" for n in (2, 4, 8))
         ceiling = "inf" if s == 0 else f"{1 / s:.1f}"
-        where = "" if self.world_size == 1 else f" (serial share {share:.3f} of a step on {self.world_size} devices)"
-        rows.append(("amdahl/serial_fraction", f"{s:.3f}{where} -> speedup {preds} (ceiling x{ceiling})"))
-        if self.plot_path is not None:
-            rows.append(("time breakdown", str(self.plot_path)))
+        rows = [("amdahl/serial_fraction", f"{s:.3f} -> projected speedup {preds} (ceiling x{ceiling})")]
+        if self.world_size == 1:
+            rows.append(("  projection", "Amdahl's law from this one process's serial share (data wait, optimizer, "
+                                         "checkpoints), not a measurement: it assumes forward and backward divide "
+                                         "perfectly over N devices that share no cores, and adds no communication "
+                                         "(none on one process). Measure: python -m recipes.scale --devices 1,2"))
+        else:
+            comm = (f", exposed comm {means['comm_exposed'] * 1e3:.2f} ms/step" if self.comm_mode == "ddp"
+                    else ", exposed comm not measured" if self.comm_mode == "fsdp" else "")
+            rows.append(("  measured", f"on {self.world_size} devices: serial share {share:.3f} of a "
+                                       f"{sum(means[p] for p in PARTS) * 1e3:.2f} ms step{comm}; the projection "
+                                       "assumes these stay as measured at every N (a speedup against one process "
+                                       "is measured by python -m recipes.scale)"))
         return rows
 
     # ------------------------------------------------------------------ state

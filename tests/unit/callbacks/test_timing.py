@@ -186,7 +186,11 @@ def test_exact_breakdown_with_patched_clock(tmp_path: Path, clock: FakeClock) ->
     assert rows["  exposed comm"] == "none (one process)"
     assert rows["  checkpoint"] == "1 x 0.500 s (loop stall; 83.33 ms per step)"
     assert rows["  validation"] == "2 x 0.200 s"
-    assert rows["amdahl/serial_fraction"].startswith("0.644 -> speedup x1.22 at N=2")
+    # issue 47: the projection says it is one, and what it assumes
+    assert rows["amdahl/serial_fraction"] == ("0.644 -> projected speedup x1.22 at N=2, x1.36 at N=4, x1.45 at N=8 "
+                                              "(ceiling x1.6)")
+    assert rows["  projection"].startswith("Amdahl's law from this one process's serial share (data wait, ")
+    assert "not a measurement" in rows["  projection"] and "adds no communication" in rows["  projection"]
 
 
 def test_warmup_steps_are_not_counted_and_state_round_trips(tmp_path: Path, clock: FakeClock) -> None:
