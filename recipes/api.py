@@ -54,8 +54,8 @@ _PROCESS_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(sign
 _DONE, _USAGE, _REQUEUE, _SIGINT = 0, 2, 75, 130
 #: Metric prefixes the table of a run shows (``Run.metrics`` holds every metric).
 _TABLE_PREFIXES = ("val/", "train/loss", "baseline/", "test/", "spot/", "cost/usd")
-#: Colour codes (rich colours a child's output when it sees Jupyter's environment).
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Terminal control sequences (colours, cursor): rich writes them when the kernel's environment asks for colour.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class TrainError(Exception):
@@ -227,6 +227,7 @@ def _in_kernel(args: list[str], name: str, experiment: str) -> Run:
     from recipes.fit import __file__ as fit_file
     from recipes.run.cell import EpochLines
     from recipes.run.cli import launch
+    from recipes.run.process import reset_stop_signals, wrap_up_done
 
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in _PROCESS_SIGNALS} if main else {}
@@ -234,9 +235,11 @@ def _in_kernel(args: list[str], name: str, experiment: str) -> Run:
     # the kernel's interrupt (SIGINT) is a spot notice: save at the next step, then return the run
     args = [*args, '--spot.signals=["SIGTERM", "SIGUSR1", "SIGINT"]']
     sys.argv = [fit_file, *args]  # what `python -m recipes.fit ...` shows: the run's note and manifest say so
+    reset_stop_signals()  # an earlier launch's stop or wrap-up is not this one's (as run_cli does)
     try:
         outcome = launch(None, extra_callbacks=[EpochLines()], show_summary=False)  # parses sys.argv, as the CLI
     finally:
+        wrap_up_done()
         sys.argv = argv
         os.environ.clear()
         os.environ.update(environ)
@@ -301,7 +304,7 @@ def _in_processes(args: list[str], name: str, experiment: str) -> Run:
         if not line:
             break
         log.append(line.rstrip("\n"))
-        table = table or _ANSI.sub("", line).lstrip().startswith("atscale run —")  # rich colours for Jupyter
+        table = table or "atscale run —" in _ANSI.sub("", line)  # the end table's title: the table follows
         if not table and not line.startswith(("error: ", "(python -m recipes.fit --help")):  # raised instead
             print(line, end="", flush=True)
     code = proc.wait()

@@ -47,8 +47,9 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> tuple[nbformat.Noteboo
     return notebook, workdir
 
 
-def cell_output(notebook: nbformat.NotebookNode, source_starts: str) -> list[dict]:
-    (cell,) = [c for c in notebook.cells if c.cell_type == "code" and c.source.startswith(source_starts)]
+def cell_output(notebook: nbformat.NotebookNode, source_has: str) -> list[dict]:
+    """The outputs of the one code cell whose source has ``source_has``."""
+    (cell,) = [c for c in notebook.cells if c.cell_type == "code" and source_has in c.source]
     return cell.outputs
 
 
@@ -88,7 +89,7 @@ def test_the_tracking_query_lists_the_run(executed) -> None:
 
 def test_plots_render_inline(executed) -> None:
     notebook, _ = executed
-    for start in ("from IPython.display import Image", "import matplotlib.pyplot"):
+    for start in ("Image(filename=", "import matplotlib.pyplot"):
         outputs = cell_output(notebook, start)
         assert [o for o in outputs if "image/png" in o.get("data", {})], start
 
@@ -129,5 +130,7 @@ def test_promotes_and_serves_the_champion(executed) -> None:
 def test_the_paired_script_is_what_jupytext_writes(tmp_path: Path) -> None:
     """The script is kept in jupytext's own percent format: a round trip through a notebook changes nothing."""
     text = NOTEBOOK.read_text()
-    assert jupytext.writes(jupytext.reads(text, fmt="py:percent"), fmt="py:percent") == text
+    written = jupytext.writes(jupytext.reads(text, fmt="py:percent"), fmt="py:percent")
+    assert [line for line in written.splitlines() if "jupytext_version" not in line] == [
+        line for line in text.splitlines() if "jupytext_version" not in line]
     assert json.loads(jupytext.writes(jupytext.reads(text, fmt="py:percent"), fmt="ipynb"))["cells"]
