@@ -124,6 +124,7 @@ from recipes.planning.report import print_table, rich_console, to_json
 from recipes.planning.runs import (
     RunMeasurement,
     device_caveat,
+    interruption_record,
     law_from_scale_run,
     measure_run,
     resolve_run,
@@ -283,6 +284,8 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
         else:
             source["steps_source"] = "--steps"
         source["step_time_s"], source["steps"] = step_time, steps
+        check = interruption_record(client, run)
+        source["overhead_check"] = None if check is None else asdict(check)
     for flag, value in (("--step-time", step_time), ("--steps", steps)):
         if value is None:
             raise ValueError(f"{flag} is required (or plan from a finished run with --run RUN_ID_OR_RUN_DIR).")
@@ -317,6 +320,26 @@ def _print_source(source: dict) -> None:
     print(f"  scaling    {source['scaling_law_source']}")
     for caveat in source["caveats"]:
         print(f"caveat: {caveat}")
+    check = source.get("overhead_check")
+    if check:
+        _print_overhead_check(check)
+
+
+def _print_overhead_check(check: dict) -> None:
+    """The run's realized checkpoint + lost-work overhead beside Young/Daly's and the flat surcharge formula."""
+    mtbf = "none seen" if math.isinf(check["mtbf_s"]) else f"{human_duration(check['mtbf_s'])}"
+    optimum = ("not needed" if math.isinf(check["optimum_interval_s"])
+               else human_duration(check["optimum_interval_s"]))
+    print(f"checkpoints and interruptions ({check['interruptions']} resume(s); measured save d = "
+          f"{check['save_cost_s']:.3g} s, work between saves t = {human_duration(check['interval_s'])}, "
+          f"M = {mtbf}, restart R = {check['restart_s']:.3g} s):")
+    print(f"  realized      {check['realized']:.2%} of the productive time (checkpoint stalls + redone steps + "
+          "restart gaps, from the goodput ledger)")
+    print(f"  Young/Daly    {check['predicted']:.2%} at the realized t (d/t + t/2M + R/M); "
+          f"{check['predicted_at_optimum']:.2%} at Daly's t = {optimum}")
+    print(f"  1 + P x O     {check['seed']:.2%} (interruptions per hour x hours each cost): leaves out the saves "
+          "paid without any interruption (d/t), takes the work an interruption loses as fixed when it is t/2 "
+          "on average (so it cannot choose t), and is linear in P (no interruption of a redo or a restart)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

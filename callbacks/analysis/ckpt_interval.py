@@ -32,11 +32,13 @@ from dataclasses import dataclass
 
 __all__ = [
     "IntervalChoice",
+    "OverheadCheck",
     "choose_interval",
     "daly_interval",
     "expected_overhead",
     "interval_mismatch",
     "mtbf_from_rate",
+    "overhead_check",
     "young_interval",
 ]
 
@@ -234,3 +236,74 @@ def choose_interval(
     daly = daly_interval(save_cost_s, mtbf)
     overhead = expected_overhead(daly, save_cost_s, mtbf, restart_s)
     return IntervalChoice(young_s=young, daly_s=daly, mtbf_s=mtbf, overhead=overhead)
+
+
+@dataclass(frozen=True)
+class OverheadCheck:
+    """A run's realized checkpoint-and-interruption overhead beside what the models predict for it.
+
+    All overheads are fractions of the productive time (0.1 = 10 % longer).
+
+    Args:
+        realized: ``(checkpoint stalls + redone steps + restart gaps) / productive`` from the goodput ledger.
+        save_cost_s: measured ``d``: checkpoint stall seconds / saves.
+        interval_s: realized ``t``: productive seconds / saves (work between two saves).
+        mtbf_s: measured ``M``: billed seconds / interruptions (``math.inf`` without one).
+        restart_s: measured ``R``: restart-gap seconds / interruptions (0 without one).
+        interruptions: relaunches that resumed.
+        predicted: first-order Young/Daly overhead at the realized interval, ``d/t + t/(2M) + R/M``.
+        optimum_interval_s: Daly's interval for ``d`` and ``M`` (``math.inf`` without interruptions).
+        predicted_at_optimum: the same overhead at that interval.
+        seed: the flat ``P_interrupt x Overhead`` surcharge: interruptions per hour times the hours each cost
+            (redone work and restart), as ``1 + P x Overhead`` multiplies the bill.
+    """
+
+    realized: float
+    save_cost_s: float
+    interval_s: float
+    mtbf_s: float
+    restart_s: float
+    interruptions: int
+    predicted: float
+    optimum_interval_s: float
+    predicted_at_optimum: float
+    seed: float
+
+
+def overhead_check(productive_s: float, checkpoint_s: float, redone_s: float, restart_s: float, saves: int,
+                   interruptions: int, billed_s: float) -> OverheadCheck:
+    """Check Young/Daly's overhead against what a run's goodput ledger realized.
+
+    Example (hand-computed): 3600 s productive, 10 saves of 2 s, 2 interruptions losing 90 s of steps and
+    60 s of restart each, 3900 s billed: realized (20 + 180 + 120) / 3600 = 8.9 %; d = 2 s, t = 360 s,
+    M = 1950 s, R = 60 s: predicted 2/360 + 360/3900 + 60/1950 = 12.9 %; the seed's surcharge: 2 per 3900 s
+    = 1.846 per hour, x (90 + 60) s = 0.0417 h each -> 7.7 %.
+
+    Raises:
+        ValueError: for negative seconds or counts, or no productive time (the message names the value).
+    """
+    for name, value in (("productive_s", productive_s), ("checkpoint_s", checkpoint_s), ("redone_s", redone_s),
+                        ("restart_s", restart_s), ("billed_s", billed_s)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"overhead_check: {name}={value!r} must be a finite number of seconds >= 0.")
+    for name, count in (("saves", saves), ("interruptions", interruptions)):
+        if isinstance(count, bool) or int(count) != count or count < 0:
+            raise ValueError(f"overhead_check: {name}={count!r} must be an integer >= 0.")
+    if productive_s <= 0:
+        raise ValueError(f"overhead_check: productive_s={productive_s!r} must be > 0 (no step was productive).")
+    d = checkpoint_s / saves if saves else 0.0
+    t = productive_s / saves if saves else math.inf
+    m = billed_s / interruptions if interruptions else math.inf
+    r = restart_s / interruptions if interruptions else 0.0
+    predicted = expected_overhead(t, d, m, r) if (saves or interruptions) else 0.0
+    if interruptions and d > 0:
+        optimum = daly_interval(d, m)
+        at_optimum = expected_overhead(optimum, d, m, r)
+    else:
+        optimum, at_optimum = math.inf, (d / t if saves else 0.0)
+    per_interruption_h = ((redone_s + restart_s) / interruptions / 3600.0) if interruptions else 0.0
+    seed = (interruptions / (billed_s / 3600.0) if billed_s > 0 else 0.0) * per_interruption_h
+    return OverheadCheck(realized=(checkpoint_s + redone_s + restart_s) / productive_s, save_cost_s=d,
+                         interval_s=t, mtbf_s=m, restart_s=r, interruptions=int(interruptions),
+                         predicted=predicted, optimum_interval_s=optimum, predicted_at_optimum=at_optimum,
+                         seed=seed)

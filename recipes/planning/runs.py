@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from callbacks.analysis.ckpt_interval import OverheadCheck, overhead_check
 from callbacks.analysis.prices import Instance
 from callbacks.storage import ckpt_store
 from recipes.run.common import SERIAL_KEY, tracking_uri
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RunMeasurement",
     "device_caveat",
+    "interruption_record",
     "law_from_scale_run",
     "measure_run",
     "resolve_run",
@@ -249,3 +251,20 @@ def law_from_scale_run(client: MlflowClient, run_id: str, uri: str) -> tuple[dic
         return {"serial_fraction": metrics[SCALE_SERIAL_KEY]}, f"Amdahl fit of recipes.scale run {run_id}"
     raise ValueError(f"--scale-run {run_id} logged no {SCALE_SERIAL_KEY}: is it a recipes.scale parent run?")
 
+
+
+def interruption_record(client: MlflowClient, run: Run) -> OverheadCheck | None:
+    """The run's realized checkpoint and interruption overhead (its goodput ledger) beside Young/Daly's.
+
+    Saves are the points of ``time/checkpoint_s`` (one per step that saved), interruptions the resumes (each
+    adds its gap to ``cost/restart_s``). None for a run without a ledger (``goodput/*``, from before issue 47)
+    or without a productive second.
+    """
+    metrics = run.data.metrics
+    keys = ("goodput/productive_s", "goodput/checkpoint_s", "goodput/redone_s", "goodput/restart_s", "cost/billed_s")
+    if any(k not in metrics for k in keys) or metrics["goodput/productive_s"] <= 0:
+        return None
+    saves = len(client.get_metric_history(run.info.run_id, "time/checkpoint_s"))
+    gaps = {m.value for m in client.get_metric_history(run.info.run_id, "cost/restart_s") if m.value > 0}
+    productive, checkpoint, redone, restart, billed = (float(metrics[k]) for k in keys)
+    return overhead_check(productive, checkpoint, redone, restart, saves, len(gaps), billed)

@@ -271,3 +271,24 @@ def test_a_step_time_measured_elsewhere_is_priced_with_a_caveat(tmp_path, store,
     code, out = _plan(capsys, "--run", run_id, "--serial-fraction", "0.1", "--step-time", "0.01", "--devices", "1",
                       *ARGS)
     assert out["run"]["caveats"] == []
+
+
+def test_realized_overhead_beside_young_daly_and_the_flat_formula(tmp_path, store, capsys) -> None:
+    """Issue 47: a run's goodput ledger (3600 s productive, 10 saves, 2 resumes) checks the interval model, by hand."""
+    run_id = _run(store, tmp_path, {
+        "train/loss": LOSS, "amdahl/serial_fraction": [(100, 0.2)], "time/mean/step_s": [(100, 36.0)],
+        "time/checkpoint_s": [(s, 2.0) for s in range(10, 101, 10)],      # 10 saves of 2 s
+        "cost/restart_s": [(0, 0.0), (30, 60.0), (30, 60.0), (70, 120.0)],  # 2 resumes of 60 s
+        "goodput/productive_s": [(100, 3600.0)], "goodput/checkpoint_s": [(100, 20.0)],
+        "goodput/redone_s": [(100, 180.0)], "goodput/restart_s": [(100, 120.0)], "cost/billed_s": [(100, 3900.0)]})
+    code, out = _plan(capsys, "--run", run_id, "--devices", "1", *ARGS)
+    assert code == 0
+    check = out["run"]["overhead_check"]
+    assert check["realized"] == pytest.approx(320 / 3600)
+    assert check["predicted"] == pytest.approx(2 / 360 + 360 / 3900 + 60 / 1950)
+    assert check["seed"] == pytest.approx(2 / (3900 / 3600) * (150 / 3600))
+    assert main(["--run", run_id, "--devices", "1", *ARGS[:-1]]) == 0
+    text = capsys.readouterr().out
+    assert "  realized      8.89% of the productive time" in text
+    assert "  Young/Daly    12.86% at the realized t (d/t + t/2M + R/M)" in text
+    assert "  1 + P x O     7.69% (interruptions per hour x hours each cost): leaves out the saves" in text

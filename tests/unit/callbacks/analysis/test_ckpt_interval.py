@@ -111,3 +111,21 @@ def test_choose_interval():
     assert choice.overhead == pytest.approx(300.0 / t + t / (2 * m) + 120.0 / m, rel=1e-12)
     never = choose_interval(300.0, 0.0)
     assert (never.young_s, never.daly_s, never.mtbf_s, never.overhead) == (math.inf, math.inf, math.inf, 0.0)
+
+
+def test_overhead_check_by_hand() -> None:
+    from callbacks.analysis.ckpt_interval import daly_interval, overhead_check
+
+    # 3600 s productive, 10 saves of 2 s, 2 interruptions each losing 90 s of steps and 60 s of restart, 3900 s billed
+    check = overhead_check(3600.0, 20.0, 180.0, 120.0, saves=10, interruptions=2, billed_s=3900.0)
+    assert check.realized == pytest.approx(320 / 3600)                       # 8.9 %
+    assert (check.save_cost_s, check.interval_s, check.mtbf_s, check.restart_s) == (2.0, 360.0, 1950.0, 60.0)
+    assert check.predicted == pytest.approx(2 / 360 + 360 / 3900 + 60 / 1950)  # 12.9 %
+    assert check.optimum_interval_s == pytest.approx(daly_interval(2.0, 1950.0))
+    assert check.seed == pytest.approx(2 / (3900 / 3600) * (150 / 3600))       # 7.7 %
+    quiet = overhead_check(100.0, 1.0, 0.0, 0.0, saves=4, interruptions=0, billed_s=110.0)
+    assert (quiet.realized, quiet.predicted, quiet.seed) == (0.01, pytest.approx(1 / 100), 0.0)
+    with pytest.raises(ValueError, match=r"productive_s=0\.0"):
+        overhead_check(0.0, 1.0, 0.0, 0.0, saves=1, interruptions=0, billed_s=1.0)
+    with pytest.raises(ValueError, match="saves=-1"):
+        overhead_check(1.0, 1.0, 0.0, 0.0, saves=-1, interruptions=0, billed_s=1.0)
