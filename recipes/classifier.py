@@ -8,6 +8,10 @@ the cost of its argmax decisions and of the cost-aware Bayes decisions (see
 One module serves every strategy: on one device and under DDP it is a plain module; under
 ``ModelParallelStrategy`` (our FSDP, see ``configs/strategy/fsdp.yaml``) ``configure_model``
 shards it with FSDP2's ``fully_shard`` over the data-parallel mesh.
+
+Copy with it (paths under ``recipes/``, each folder with an ``__init__.py``): ``metrics.py``, ``run/errors.py``,
+and ``callbacks/analysis/decision_cost.py`` put beside them, under its own name (the imports of
+decision_cost fall back to that place when no ``callbacks`` package is there).
 """
 
 from __future__ import annotations
@@ -24,9 +28,15 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch import nn
 from typing_extensions import override
 
-from callbacks.analysis.decision_cost import CostMatrixError, load_cost_matrix
-from recipes.metrics import ExpectedCost
-from recipes.run.errors import check_optimizer
+from .metrics import ExpectedCost
+from .run.errors import check_optimizer
+
+try:  # in this repository
+    from callbacks.analysis.decision_cost import CostMatrixError, load_cost_matrix
+except ModuleNotFoundError as missing:  # copied into another project (see "Copy with it" above)
+    if missing.name != "callbacks":
+        raise
+    from .decision_cost import CostMatrixError, load_cost_matrix  # type: ignore[no-redef]
 
 #: Where a relative cost-matrix path is looked up after the working directory (the shipped configs name
 #: ``configs/costs/...`` relative to the repository).

@@ -28,6 +28,8 @@ key            meaning
 
 Throughput and MFU come from ``callbacks.throughput.TokenThroughput``, which reads this module's
 ``flops_per_batch`` (the PaLM estimate, :meth:`GPT.flops_per_token`).
+
+Copy with it (paths under ``recipes/``, each folder with an ``__init__.py``): ``run/errors.py``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from typing_extensions import override
 
-from recipes.run.errors import check_optimizer
+from .run.errors import check_optimizer
 
 LN2 = math.log(2.0)
 

@@ -21,6 +21,10 @@ Example::
     cost = ExpectedCost([[0, 1, 4], [1, 0, 1], [1, 1, 0]], decision="bayes")
     cost.update(logits, labels)
     cost.compute()
+
+Copy with it (paths under ``recipes/``, each folder with an ``__init__.py``):
+``callbacks/analysis/decision_cost.py`` put beside it, under its own name (the import falls back to that
+place when no ``callbacks`` package is there).
 """
 
 from __future__ import annotations
@@ -31,7 +35,12 @@ import numpy as np
 import torch
 from torchmetrics import Metric
 
-from callbacks.analysis.decision_cost import DECISION_RULES, check_cost_matrix
+try:  # in this repository
+    from callbacks.analysis.decision_cost import DECISION_RULES, check_cost_matrix
+except ModuleNotFoundError as missing:  # copied into another project (see "Copy with it" above)
+    if missing.name != "callbacks":
+        raise
+    from .decision_cost import DECISION_RULES, check_cost_matrix  # type: ignore[no-redef]
 
 __all__ = ["ExpectedCost", "torch_decisions"]
 

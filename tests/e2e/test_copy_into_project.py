@@ -1,9 +1,10 @@
-"""Each callback and datamodule, copied into another project with the files its docstring names, trains there.
+"""Each callback, datamodule and task, copied into another project with the files its docstring names, trains there.
 
-For every top-level module of ``callbacks/`` and ``datamodules/`` the test reads its docstring's
-"Copy with it" line, copies the module and exactly those files into a temporary project outside the
-repository under another package name (``myproj/cbs/`` for callbacks, ``myproj/dms/`` for
-datamodules; every folder gets an empty ``__init__.py``), and runs a script there in a subprocess
+For every top-level module of ``callbacks/`` and ``datamodules/``, and the tasks' LightningModules of
+``recipes/`` (``classifier.py``, ``gpt.py``), the test reads its docstring's "Copy with it" line, copies the
+module and exactly those files into a temporary project outside the repository under another package name
+(``myproj/cbs/`` for callbacks, ``myproj/dms/`` for datamodules, ``myproj/tasks/`` for tasks, a task's file
+from ``callbacks/`` beside it; every folder gets an empty ``__init__.py``), and runs a script there in a subprocess
 that constructs the callback (or datamodule), fits a tiny LightningModule with it on the CPU and
 checks what it produced (the metrics it logs, the files it writes, the batches it yields).
 
@@ -34,7 +35,7 @@ from tests.conftest import CORPUS_FILES, run_script, seed_mlflow_db, write_corpu
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = {"callbacks": "cbs", "datamodules": "dms"}  # repository package -> package name in the copy
+PACKAGES = {"callbacks": "cbs", "datamodules": "dms", "recipes": "tasks"}  # repository package -> name in the copy
 
 # ------------------------------------------------------------------------------------------------ the copy
 
@@ -63,13 +64,18 @@ def copy_list(module: Path) -> list[str]:
 
 
 def make_project(root: Path, package: str, module: str, files: list[str]) -> Path:
-    """``root/myproj/<cbs|dms>/`` holding ``module`` and ``files``, an empty ``__init__.py`` in each folder."""
+    """``root/myproj/<cbs|dms|tasks>/`` holding ``module`` and ``files``, an empty ``__init__.py`` in each folder.
+
+    A file of another of the repository's packages (a task's ``callbacks/analysis/decision_cost.py``) is put
+    beside the module, as its docstring says."""
     source = REPO / package
     target = root / "myproj" / PACKAGES[package]
     for rel in [f"{module}.py", *files]:
-        assert (source / rel).is_file(), f"{package}/{module}.py names {rel}, which does not exist"
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source / rel, target / rel)
+        other = rel.split("/", 1)[0] in PACKAGES and rel.split("/", 1)[0] != package
+        origin, place = (REPO / rel, target / Path(rel).name) if other else (source / rel, target / rel)
+        assert origin.is_file(), f"{package}/{module}.py names {rel}, which does not exist"
+        place.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(origin, place)
     for folder in [root / "myproj", *(p for p in target.rglob("*") if p.is_dir()), target]:
         (folder / "__init__.py").touch()
     return target
@@ -527,6 +533,47 @@ SCRIPTS = {
         assert model.shapes == {(4, 8)}, model.shapes
         assert set(dm.baseline_bits_per_byte()) == {"unigram", "bigram"}
     """,
+    "classifier": """
+        from myproj.tasks.classifier import ImageClassifier
+        from torch.utils.data import TensorDataset
+
+        class Images(TinyData):  # 8x8 one-channel images, the class from their mean
+            def __init__(self):
+                super().__init__(batch_size=8)
+                x = torch.randn(96, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+                y = (x.mean(dim=(1, 2, 3)) > 0).long()
+                self.train, self.val = TensorDataset(x[:64], y[:64]), TensorDataset(x[64:], y[64:])
+
+        try:
+            ImageClassifier(num_classes=2, costs=[[0, -1], [1, 0]])
+        except ValueError as err:  # the copied decision_cost checks the matrix
+            assert "-1" in str(err), err
+        else:
+            raise AssertionError("a negative cost was accepted")
+        model = ImageClassifier(num_classes=2, width=4, costs=[[0, 1], [1, 0]], decision="bayes")
+        t = trainer(max_epochs=2)
+        t.fit(model, datamodule=Images())
+        log = t.logger
+        # a 0/1 matrix: the expected cost is the error rate, and the Bayes decision the argmax (32 images: exact)
+        assert log.last("val/expected_cost") == 1 - log.last("val/acc"), log.history
+        assert log.last("val/bayes_expected_cost") == log.last("val/expected_cost"), log.history
+        assert t.global_step == 16
+    """,
+    "gpt": """
+        from myproj.tasks.gpt import GPT
+
+        class Bytes(TinyData):  # windows of 9 bytes: 8 inputs, 8 next-byte targets
+            def __init__(self):
+                super().__init__(batch_size=4)
+                data = torch.randint(0, 256, (40, 9), generator=torch.Generator().manual_seed(0))
+                self.train = TensorDataset(data[:32, :-1], data[:32, 1:])
+                self.val = TensorDataset(data[32:, :-1], data[32:, 1:])
+
+        model = GPT(block_size=8, n_layer=1, n_head=2, n_embd=16)
+        t = trainer(max_steps=4)
+        t.fit(model, datamodule=Bytes())
+        assert t.global_step == 4 and len(t.logger.history["train/loss"]) == 4, t.logger.history
+    """,
     "vision": """
         from myproj.dms.vision import MNISTDataModule
 
@@ -543,6 +590,8 @@ SCRIPTS = {
 
 CALLBACKS = sorted(p.stem for p in (REPO / "callbacks").glob("*.py") if p.stem != "__init__")
 DATAMODULES = ["digits", "text", "vision"]
+#: The tasks' LightningModules (recipes/), copied as a user copies a model into their own project.
+TASKS = ["classifier", "gpt"]
 
 
 def write_data(module: str, project: Path) -> None:
@@ -570,7 +619,7 @@ def run_in_project(project: Path, script: str, timeout: float = 300) -> subproce
 
 
 def test_every_callback_and_datamodule_has_a_script() -> None:
-    assert sorted(CALLBACKS) == sorted(set(SCRIPTS) - set(DATAMODULES))
+    assert sorted(CALLBACKS) == sorted(set(SCRIPTS) - set(DATAMODULES) - set(TASKS))
     assert sorted(p.stem for p in (REPO / "datamodules").glob("*.py")) == sorted(
         ["__init__", "loaders", *DATAMODULES])
 
@@ -585,11 +634,14 @@ def test_copy_lists_are_read_as_written() -> None:
                                                          "analysis/prices.yaml", "utils/steps_file.py"]
     assert copy_list(REPO / "callbacks" / "progress.py") == []
     assert copy_list(REPO / "datamodules" / "text.py") == ["loaders.py"]
+    assert copy_list(REPO / "recipes" / "classifier.py") == ["metrics.py", "run/errors.py",
+                                                             "callbacks/analysis/decision_cost.py"]
+    assert copy_list(REPO / "recipes" / "gpt.py") == ["run/errors.py"]
 
 
-@pytest.mark.parametrize("module", [*CALLBACKS, *DATAMODULES])
+@pytest.mark.parametrize("module", [*CALLBACKS, *DATAMODULES, *TASKS])
 def test_copy_trains_in_another_project(module: str, tmp_path: Path) -> None:
-    package = "datamodules" if module in DATAMODULES else "callbacks"
+    package = "datamodules" if module in DATAMODULES else "recipes" if module in TASKS else "callbacks"
     project = tmp_path / "project"
     assert not project.resolve().is_relative_to(REPO)
     files = copy_list(REPO / package / f"{module}.py")
