@@ -169,13 +169,21 @@ class StreamedItems(Dataset):
                 now = time.monotonic()
                 deadline = deadline if deadline is not None else now + self.read_timeout_s
                 if now >= deadline:
-                    reason = " ".join(str(err).split())[:200] or type(err).__name__
                     raise StreamUnavailable(
-                        f"atscale: the streamed data at {self.url} cannot be read ({type(err).__name__}: {reason}) "
+                        f"atscale: the streamed data at {self.url} cannot be read ({_reason(err)}) "
                         f"for {self.read_timeout_s:g} s; the run stopped (exit {UNAVAILABLE_EXIT_CODE}). Relaunch the "
                         "same command once it is back: it resumes from the newest checkpoint.") from None
                 self._stream = None  # a fresh client and reader on the next try
                 time.sleep(0.5)
+
+
+def _reason(err: BaseException) -> str:
+    """A store's error in a few words: an S3 error's code and message, else the exception's type and first line."""
+    details = (getattr(err, "response", None) or {}).get("Error") or {}
+    if details.get("Code"):
+        return f"{details['Code']}: {details.get('Message') or 'no message'}"
+    text = " ".join(str(err).split())[:200]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class ChunkOrder:
@@ -240,6 +248,18 @@ class StreamingLoader(ResumableLoader):
     def __iter__(self) -> Iterator:
         trainer = self.trainer_ref
         return _Unavailable(super().__iter__(), loud=trainer is None or trainer.is_global_zero)
+
+
+class _EvalLoader(DataLoader):
+    """The validation loader: ends the run in one line when the data stays unreadable (as StreamingLoader)."""
+
+    def __init__(self, *args: Any, loud: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loud = loud
+
+    @override
+    def __iter__(self) -> Iterator:
+        return _Unavailable(super().__iter__(), loud=self.loud)
 
 
 class _StreamingDataModule(pl.LightningDataModule):
@@ -321,8 +341,9 @@ class _StreamingDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         # every rank evaluates the whole validation split, in order: exact metrics, no padding
-        return DataLoader(self.val_set, batch_size=self.val_batch_size(), shuffle=False, num_workers=0,
-                          collate_fn=self.collate)
+        loud = self.trainer is None or self.trainer.is_global_zero
+        return _EvalLoader(self.val_set, batch_size=self.val_batch_size(), shuffle=False, num_workers=0,
+                           collate_fn=self.collate, loud=loud)
 
     def val_batch_size(self) -> int:
         return self.batch_size
