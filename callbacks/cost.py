@@ -282,7 +282,7 @@ class CostTracker(Callback):
     def ledger(self) -> goodput.Ledger:
         """The job's goodput ledger now: categories of :mod:`callbacks.analysis.goodput`, summing to the bill."""
         return self._clock.ledger(time.monotonic(), float(self.instances or 1), self._gap_s, self.mean_step_s(),
-                                  self._comm_share())
+                                  self._comm_share(), self.lost_steps)
 
     def _comm_share(self) -> float:
         """Exposed communication / step time over the run's timed steps (StepTiming's totals), or 0."""
@@ -397,8 +397,7 @@ class CostTracker(Callback):
             spawn = self._spawn_s if self.bill_from == "construction" and self._gap_s > 0 else 0.0
             if self.restart_s is not None:
                 spawn = 0.0  # a fixed restart bill says nothing of what the gap held
-            self._clock.gap = goodput.split_gap(self._gap_s, redo, self.mean_step_s(), spawn,
-                                                 float(self.instances or 1))
+            self._clock.gap = goodput.split_gap(self._gap_s, spawn, float(self.instances or 1))
         if trainer.is_global_zero:
             self._steps_file = StepsFile(self._progress_dir(trainer))
             self._write_progress(trainer)
@@ -573,6 +572,12 @@ class CostTracker(Callback):
             if ratio is not None:
                 text += f" / {_usd(dollars * ratio)} {other.replace('_', '-')}"
             rows.append((f"  badput: {goodput.LABELS[category]}", f"{seconds[category]:.1f} s, {text}"))
+        clock = self._clock
+        if self.lost_steps and clock.rerun_steps:
+            rows.append(("  reruns measured", f"{clock.rerun_steps} steps in {clock.rerun_s:.1f} s "
+                                              f"({clock.rerun_s / clock.rerun_steps * 1e3:.1f} ms a step; the lost "
+                                              f"first runs are charged at the {(self.mean_step_s() or 0) * 1e3:.1f} "
+                                              "ms mean step)"))
         if self.plot_path is not None:
             rows.append(("goodput ledger", str(self.plot_path)))
         return rows

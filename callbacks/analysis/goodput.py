@@ -6,11 +6,13 @@ into categories that add up to it exactly: the *productive* step time and the *b
 ================  ==========================================================================================
 category          what it holds
 ================  ==========================================================================================
-``productive``    optimizer steps that count: forward, backward, optimizer (each step once)
+``productive``    optimizer steps that count: forward, backward, optimizer (each step once: a rerun of a
+                  lost step counts here, its lost first run under ``redone``)
 ``startup``       process start to each launch's first step, plus that first step's time above the run's
                   mean step (imports, process group, model and data, checkpoint restore, compilation)
-``redone``        steps run again after a relaunch resumed from a checkpoint older than the last step
-                  done (the work an interruption lost), each measured as it reran, data wait included
+``redone``        the work interruptions lost: the lost steps (``cost/lost_steps``, exact from the steps
+                  sidecar) x the run's mean step time, the same count and figure as ``cost/lost_work_usd``;
+                  taken out of the billed gaps between launches, where those first runs were spent
 ``checkpoint``    the training loop's stall in checkpoint saves
 ``validation``    validation runs (checkpoint saves inside them excluded)
 ``data_wait``     between two steps: waiting for the batch, the loop's bookkeeping and per-step collectives
@@ -22,9 +24,10 @@ category          what it holds
 A gap between launches runs from the checkpoint's save to the relaunch's bill clock. It holds the
 interrupted launch's work after that save, its shutdown, the time the job was down, and the relaunch's
 start before the clock (its imports, unless the bill starts at process spawn). Two parts of it are known and
-moved out of ``restart``: the first runs of the steps now redone (``lost x mean step``, their *first* run
-being the productive one; the measured rerun is the badput) and the relaunch's seconds from process spawn
-to the bill clock (start-up).
+moved out of ``restart``: the lost steps' first runs (``redone``: lost steps x mean step, see
+:func:`charge_redone`) and the relaunch's seconds from process spawn to the bill clock (start-up). The reruns
+are measured as they run; ``CostTracker`` reports them beside the charge (they ran at another time, on a
+machine whose load may differ: on a quiet machine the two agree within a few per cent).
 
 Dollars: each category's instance-seconds times the price of a market (:func:`priced`). This module knows
 no clocks, no torch and no Lightning: :class:`callbacks.cost.CostTracker` feeds it.
@@ -44,7 +47,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["BADPUT", "CATEGORIES", "LABELS", "Ledger", "carve_comm", "check_sum", "largest_badputs",
+__all__ = ["BADPUT", "CATEGORIES", "LABELS", "Ledger", "carve_comm", "charge_redone", "check_sum", "largest_badputs",
            "metrics", "priced", "resolve_first_steps", "split_gap"]
 
 #: Every category, productive first; the others are badput.
@@ -138,32 +141,41 @@ class Ledger:
                    {k: float(v) for k, v in state.get("instance_s", {}).items()})
 
 
-def split_gap(gap_s: float, redone_steps: int, mean_step_s: float | None, spawn_s: float = 0.0,
-              instances: float = 1.0) -> Ledger:
-    """Split a billed gap between launches: first runs of the redone steps, the relaunch's spawn, the rest.
+def split_gap(gap_s: float, spawn_s: float = 0.0, instances: float = 1.0) -> Ledger:
+    """Split a billed gap between launches: the relaunch's spawn-to-clock seconds (start-up), and the rest.
 
     Args:
         gap_s: the billed gap (checkpoint's save -> relaunch's bill clock, or a fixed ``restart_s``).
-        redone_steps: steps the relaunch redoes (the interrupted launch ran them after the save).
-        mean_step_s: the run's mean step time (None: no step timed yet; nothing is moved).
         spawn_s: seconds from the relaunch's process spawn to its bill clock, inside the gap (0 when the
             bill starts at spawn).
         instances: instances the gap is billed on.
 
     Returns:
-        ``productive`` = ``min(gap, redone_steps x mean_step_s)``, then ``startup`` = ``min(rest, spawn_s)``,
-        ``restart`` = the rest. Example: a 100 s gap, 10 steps redone at 2 s, 5 s spawn -> 20 / 5 / 75 s.
+        ``startup`` = ``min(gap, spawn_s)``, ``restart`` = the rest. Example: a 100 s gap, 5 s spawn -> 5 / 95 s.
     """
     _check_seconds("gap_s", gap_s)
     _check_seconds("spawn_s", spawn_s)
-    if isinstance(redone_steps, bool) or int(redone_steps) != redone_steps or redone_steps < 0:
-        raise ValueError(f"goodput: redone_steps={redone_steps!r} must be an integer >= 0.")
-    first_runs = min(gap_s, redone_steps * mean_step_s) if mean_step_s else 0.0
-    spawn = min(gap_s - first_runs, spawn_s)
+    spawn = min(gap_s, spawn_s)
     out = Ledger()
-    for category, seconds in (("productive", first_runs), ("startup", spawn),
-                              ("restart", gap_s - first_runs - spawn)):
-        out.add(category, max(0.0, seconds), instances)
+    out.add("startup", spawn, instances)
+    out.add("restart", gap_s - spawn, instances)
+    return out
+
+
+def charge_redone(ledger: Ledger, lost_steps: int, mean_step_s: float | None) -> Ledger:
+    """Move the lost steps' first runs, ``lost_steps x mean_step_s``, out of the gaps into ``redone``.
+
+    An interrupted launch ran those steps after its last save, inside the gap the relaunch bills; they are
+    priced at the run's mean step, as ``cost/lost_work_usd`` prices them, so the two figures are one count.
+    At most the gaps' seconds move (a fixed ``restart_s`` may bill less than was lost).
+
+    Example: 10 steps lost at 2 s from a 100 s gap -> 20 s ``redone``, 80 s ``restart``.
+    """
+    if isinstance(lost_steps, bool) or int(lost_steps) != lost_steps or lost_steps < 0:
+        raise ValueError(f"goodput: lost_steps={lost_steps!r} must be an integer >= 0.")
+    out = ledger.merged()
+    if mean_step_s:
+        out.move("restart", "redone", lost_steps * mean_step_s)
     return out
 
 

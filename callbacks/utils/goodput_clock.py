@@ -4,13 +4,16 @@ The clock holds a *mark* (the monotonic time up to which everything is filed) an
 the training loop files the seconds since the mark under the context's category and moves the mark, so the
 categories of a launch add up to its clock exactly. Contexts: ``startup`` (until the first batch starts; the
 sanity check included), ``step`` (a batch's start to its end), ``between`` (a step's end to the next start:
-data wait, or redone when the next step is a rerun), ``validation``, ``checkpoint`` (inside
+data wait), ``validation``, ``checkpoint`` (inside
 ``trainer.save_checkpoint``), ``tail`` (after training ended). The seconds between the last step and the end
 of training go to ``tail``: the seconds between two steps are filed when the next step starts, under its
-category (a rerun's wait is rerun too), or as ``tail`` when training ends first.
+category, or as ``tail`` when training ends first.
 
-A launch's first step is kept apart (``first_steps``): its time above the run's mean step is start-up (see
-:func:`callbacks.analysis.goodput.resolve_first_steps`). No torch, no Lightning: the callback passes times in.
+Steps a relaunch reruns (up to ``redo_until``) are filed as productive, the run that counts (their lost
+first runs are ``redone``, charged from the gap by the callback); their measured seconds are also tallied in
+``rerun_s`` and ``rerun_steps`` for the report. A launch's first step is kept apart (``first_steps``): its
+time above the run's mean step is start-up (see :func:`callbacks.analysis.goodput.resolve_first_steps`).
+No torch, no Lightning: the callback passes times in.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class GoodputClock:
         self.base = goodput.Ledger()  # the job before this launch (restored from the checkpoint)
         self.first_steps: list[tuple[str, float, float]] = []  # (category, s, instance-s), one per launch
         self.gap = goodput.Ledger()  # the billed gap before this launch, once split at train start
+        self.rerun_s = 0.0  # measured seconds of the reruns of lost steps (the job's; their wait before included)
+        self.rerun_steps = 0
         self.reset(start)
 
     def reset(self, start: float) -> None:
@@ -42,6 +47,7 @@ class GoodputClock:
         self.mark = start
         self.step_s = 0.0  # the step in progress (the batches of an accumulated step)
         self.step_category = "productive"
+        self.rerun = False  # the step in progress reruns a lost step
         self.first_pending = True
         self.redo_until = -1  # steps up to this global step are reruns
         self.between_s = 0.0  # since the last step ended (outside validation and saves): filed at the next start
@@ -49,7 +55,7 @@ class GoodputClock:
     def category(self, context: str) -> str:
         """The ledger category of the seconds spent in ``context``."""
         if context == "between":
-            return "redone" if self.step_category == "redone" else "data_wait"
+            return "data_wait"
         if context == "step":
             return self.step_category
         return context  # startup, validation, checkpoint, tail
@@ -75,9 +81,11 @@ class GoodputClock:
         return left
 
     def step_start(self, now: float, next_step: int) -> None:
-        """A batch of optimizer step ``next_step`` starts (the wait before a rerun is rerun too)."""
-        self.step_category = "redone" if next_step <= self.redo_until else "productive"
+        """A batch of optimizer step ``next_step`` starts."""
+        self.rerun = next_step <= self.redo_until
         self.enter("step", now)
+        if self.rerun:
+            self.rerun_s += self.between_s
         self._add(self.category("between"), self.between_s)
         self.between_s = 0.0
 
@@ -87,6 +95,9 @@ class GoodputClock:
         if not stepped:
             return
         seconds, self.step_s = self.step_s, 0.0
+        if self.rerun:
+            self.rerun_s += seconds
+            self.rerun_steps += 1
         if self.first_pending:
             self.first_pending = False
             self.first_steps.append((self.step_category, seconds, seconds * instances))
@@ -121,25 +132,29 @@ class GoodputClock:
             attempt.add(self.category(self.context), pending, instances)
         gap = self.gap
         if gap_s - gap.total_s() > 0:  # before train start split it
-            gap = gap.merged(goodput.split_gap(gap_s - gap.total_s(), 0, None, 0.0, instances))
+            gap = gap.merged(goodput.split_gap(gap_s - gap.total_s(), 0.0, instances))
         return self.base.merged(gap, attempt)
 
     def ledger(self, now: float, instances: float, gap_s: float, mean_step_s: float | None,
-               comm_share: float) -> goodput.Ledger:
-        """The job's ledger at ``now``: first steps charged at ``mean_step_s``, exposed comm carved out."""
+               comm_share: float, lost_steps: int) -> goodput.Ledger:
+        """The job's ledger at ``now``: first steps charged at ``mean_step_s``, exposed comm carved out, and the
+        ``lost_steps``' first runs charged as ``redone`` out of the gaps."""
         out = goodput.resolve_first_steps(self.raw(now, instances, gap_s), self.first_steps, mean_step_s)
-        return goodput.carve_comm(out, comm_share)
+        return goodput.charge_redone(goodput.carve_comm(out, comm_share), lost_steps, mean_step_s)
 
     def state(self, now: float, instances: float, gap_s: float) -> dict[str, Any]:
         """What a checkpoint keeps (plain types)."""
         return {"goodput": self.raw(now, instances, gap_s).state(),
-                "goodput_first_steps": [list(f) for f in self.first_steps]}
+                "goodput_first_steps": [list(f) for f in self.first_steps],
+                "goodput_reruns": [self.rerun_s, self.rerun_steps]}
 
     def load(self, state: dict[str, Any], billed_s: float, instance_s: float) -> None:
         """Restore the job's ledger from a checkpoint's state (``billed_s``: its bill, for one without a ledger)."""
         if "goodput" in state:
             self.base = goodput.Ledger.from_state(state["goodput"])
             self.first_steps = [(str(c), float(s), float(i)) for c, s, i in state.get("goodput_first_steps", [])]
+            seconds, steps = state.get("goodput_reruns", [0.0, 0])
+            self.rerun_s, self.rerun_steps = float(seconds), int(steps)
         else:  # a checkpoint from before the ledger: its seconds are billed, their causes unknown
             self.base = goodput.Ledger()
             self.base.add("unattributed", billed_s, instance_s / billed_s if billed_s > 0 else 1.0)

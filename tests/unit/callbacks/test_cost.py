@@ -134,7 +134,8 @@ def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: 
     ledger = state.pop("goodput")
     assert state == {"billed_s": 8.0, "instance_s": 8.0, "saved_at": 1_000_008.0, "lost_steps": 0,
                      "restart_s_total": 0.0, "step_s_total": 6.0, "steps_timed": 3,  # the first step apart
-                     "goodput_first_steps": [["productive", 2.0, 2.0]]}  # step 1, apart (see resolve_first_steps)
+                     "goodput_first_steps": [["productive", 2.0, 2.0]],  # step 1, apart (see resolve_first_steps)
+                     "goodput_reruns": [0.0, 0]}
     assert ledger["seconds"] == {"startup": 0.0, "productive": 6.0, "data_wait": 0.0, "checkpoint": 0.0}  # steps 2-4
 
     # 30 s down, then the relaunch: gap = relaunch start (t = 42) - save (t = 8) = 34 s
@@ -161,8 +162,8 @@ def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: 
     rows = tracker2.summary_rows({})
     assert rows[2] == ("cost of interruptions",
                        "$0.0049 lost work (2 steps redone x 2000.0 ms mean step), 34 s of restarts billed")
-    # The ledger, from the same count: steps 5-6 reran (measured: 2 x 2 s redone); their first runs are in
-    # the 34 s gap (2 x 2 s at the mean step moved to productive), the other 30 s were the job down.
+    # The ledger, from the same count: steps 5-6 were lost; their first runs are in the 34 s gap (2 x 2 s at
+    # the mean step: redone), the other 30 s were the job down; their reruns count as productive.
     # 10 steps x 2 s productive + 4 s redone + 30 s restart = 54 s billed.
     goodput_s = {k: v for k, v in final.items() if k.startswith("goodput/") and k.endswith("_s")}
     assert goodput_s == {"goodput/productive_s": 20.0, "goodput/startup_s": 0.0, "goodput/redone_s": 4.0,
@@ -174,6 +175,8 @@ def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: 
         ("goodput", "37.0% of 54.0 s billed bought steps that count (20.0 s, $0.0246)"),
         ("  badput: gaps between launches", "30.0 s, $0.0368 spot / $0.0922 on-demand"),
         ("  badput: redone steps", "4.0 s, $0.0049 spot / $0.0123 on-demand"),
+        ("  reruns measured", "2 steps in 4.0 s (2000.0 ms a step; the lost first runs are charged at the "
+                              "2000.0 ms mean step)"),
     ]
 
 

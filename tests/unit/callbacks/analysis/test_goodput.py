@@ -27,15 +27,20 @@ def test_instances_price_each_category() -> None:
     assert set(usd) == set(CATEGORIES)
 
 
-def test_split_gap_by_hand() -> None:
-    # a 100 s gap, 10 steps redone at 2 s (their first runs: 20 s), 5 s from the relaunch's spawn to its clock
-    gap = goodput.split_gap(100.0, 10, 2.0, spawn_s=5.0, instances=2)
-    assert gap.seconds == {"productive": 20.0, "startup": 5.0, "restart": 75.0}
-    assert gap.instance_s == {"productive": 40.0, "startup": 10.0, "restart": 150.0}
-    # the gap is all there is to move: 3 s gap, 10 steps of 2 s -> all 3 s productive
-    assert goodput.split_gap(3.0, 10, 2.0, spawn_s=5.0).seconds == {"productive": 3.0, "startup": 0.0,
-                                                                    "restart": 0.0}
-    assert goodput.split_gap(50.0, 4, None).seconds == {"productive": 0.0, "startup": 0.0, "restart": 50.0}
+def test_split_gap_and_charge_redone_by_hand() -> None:
+    # a 100 s gap on 2 instances, 5 s of it from the relaunch's spawn to its clock
+    gap = goodput.split_gap(100.0, spawn_s=5.0, instances=2)
+    assert gap.seconds == {"startup": 5.0, "restart": 95.0}
+    assert gap.instance_s == {"startup": 10.0, "restart": 190.0}
+    assert goodput.split_gap(3.0, spawn_s=5.0).seconds == {"startup": 3.0, "restart": 0.0}
+    # 10 steps lost at 2 s: their first runs, 20 s, move out of the gap
+    charged = goodput.charge_redone(gap, 10, 2.0)
+    assert charged.seconds == {"startup": 5.0, "restart": 75.0, "redone": 20.0}
+    assert charged.instance_s == {"startup": 10.0, "restart": 150.0, "redone": 40.0}
+    # the gap is all there is to move (a fixed restart_s may bill less than was lost); no mean step: nothing
+    assert goodput.charge_redone(goodput.split_gap(3.0), 10, 2.0).seconds == {"startup": 0.0, "restart": 0.0,
+                                                                           "redone": 3.0}
+    assert goodput.charge_redone(gap, 4, None).seconds == gap.seconds
 
 
 def test_first_steps_charged_at_the_mean() -> None:
@@ -96,8 +101,8 @@ def test_check_sum() -> None:
     (lambda: Ledger().add("lunch", 1.0), "goodput category 'lunch'"),
     (lambda: Ledger().add("startup", -1.0), "startup=-1.0"),
     (lambda: Ledger().add("startup", float("nan")), "startup=nan"),
-    (lambda: goodput.split_gap(10.0, -1, 1.0), "redone_steps=-1"),
-    (lambda: goodput.split_gap(-1.0, 1, 1.0), "gap_s=-1.0"),
+    (lambda: goodput.charge_redone(Ledger(), -1, 1.0), "lost_steps=-1"),
+    (lambda: goodput.split_gap(-1.0), "gap_s=-1.0"),
     (lambda: goodput.carve_comm(Ledger(), 1.5), "comm_share=1.5"),
     (lambda: goodput.priced(Ledger(), -2.0), "usd_per_instance_h=-2.0"),
 ])
