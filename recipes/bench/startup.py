@@ -12,6 +12,12 @@ breakdown drawn). Each launch is cut into phases by the clock readings of a call
 - ``setup``: ``trainer.fit`` until the first training batch (baselines, the resume, the data loader);
 - ``wrap-up``: the end of training until the process has exited (the checkpoint, model, plot, MLflow).
 
+Each round also times the *floor*, ``python -c "import torch, lightning.pytorch"`` (spawn to exit), in turn
+with the two launches (the floor first in even rounds, last in odd ones), and reports spawn-to-first-step over
+the floor for each kind of launch, with a paired bootstrap interval over the rounds
+(:func:`recipes.bench.stats.time_ratio_ci`) and a verdict against the goal of at most
+:data:`FLOOR_GOAL` (issue 47): what a launch pays beyond importing the two libraries it cannot do without.
+
 ``--imports`` adds where the import time goes (``python -X importtime``, first import of each library)::
 
     python -m recipes.bench startup --rounds 5 --imports
@@ -51,6 +57,10 @@ PHASES = ("imports", "cli", "setup", "wrap-up")
 LIBRARIES = ("torch", "lightning", "mlflow")
 #: What a launch imports before it parses its configuration (``recipes.fit`` imports it inside ``main``).
 LAUNCH_IMPORTS = "recipes.run.cli"
+#: The floor of a launch: the two imports no training launch can skip.
+FLOOR_CODE = "import torch, lightning.pytorch"
+#: Goal: spawn to first step at most this many times the floor.
+FLOOR_GOAL = 1.3
 #: Set by the parent: where :class:`StartupStamps` writes its clock readings.
 STAMPS_ENV = "ATSCALE_BENCH_STAMPS"
 
@@ -155,10 +165,19 @@ def _launch(workdir: Path, args: Sequence[str], stamps: Path) -> dict[str, Any]:
     return {"exit_code": result.returncode, **phases(spawned, json.loads(stamps.read_text()), exited)}
 
 
+def _floor() -> float:
+    """Seconds from spawn to exit of ``python -c FLOOR_CODE`` (:data:`FLOOR_CODE`)."""
+    spawned = time.time()
+    subprocess.run([sys.executable, "-c", FLOOR_CODE], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                   capture_output=True, check=True)
+    return time.time() - spawned
+
+
 def bench_startup(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    """``args.rounds`` rounds of a fresh launch and its relaunch, each in a new run of its own store."""
+    """``args.rounds`` rounds of a fresh launch and its relaunch, each in a new run of its own store, and the floor."""
     callback = json.dumps({"class_path": f"{__name__}.StartupStamps"})
     launches: dict[str, list[dict[str, Any]]] = {"fresh": [], "relaunch": []}
+    floors: list[float] = []
     with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
         for index in range(args.rounds):
             workdir = root / f"round{index}"
@@ -166,6 +185,8 @@ def bench_startup(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             base = ["--config", str(REPO / "configs" / "digits.yaml"), "--trainer.max_steps", "2",
                     "--trainer.enable_progress_bar", "false", "--run_name", f"startup-{index}",
                     "--spot.drill_steps", "[1]", f"--trainer.callbacks+={callback}"]
+            if index % 2 == 0:  # the floor before the launches in even rounds, after them in odd ones
+                floors.append(_floor())
             for kind in ("fresh", "relaunch"):
                 launch = _launch(workdir, base, root / "stamps.json")
                 expected = 75 if kind == "fresh" else 0
@@ -176,7 +197,11 @@ def bench_startup(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 console.print(f"round {index + 1}/{args.rounds} ({kind}): first step after "
                               f"{launch['to_first_step']:.1f} s, exited after {launch['total']:.1f} s",
                               highlight=False)
-    from recipes.bench.stats import bootstrap_ci  # here: a launch imports this module, and scipy.stats is slow
+            if index % 2 == 1:
+                floors.append(_floor())
+            console.print(f"round {index + 1}/{args.rounds} (floor): {floors[-1]:.1f} s", highlight=False)
+    # here: a launch imports this module, and scipy.stats is slow
+    from recipes.bench.stats import bootstrap_ci, time_ratio_ci, verdict_at_most
 
     figures: dict[str, Any] = {"launches": launches, "median": {}, "ci95": {}, "load_average": list(os.getloadavg()),
                                "settings": {"rounds": args.rounds}}
@@ -187,6 +212,13 @@ def bench_startup(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             values = np.array([run[key] for run in runs])
             figures["median"][kind][key] = statistics.median(values)
             figures["ci95"][kind][key] = bootstrap_ci(len(values), lambda picks, v=values: float(np.median(v[picks])))
+    figures["floor"] = {"code": FLOOR_CODE, "seconds": floors, "median": statistics.median(floors),
+                        "ci95": bootstrap_ci(len(floors), lambda picks: float(np.median(np.array(floors)[picks])))}
+    figures["over_floor"] = {}
+    for kind, runs in launches.items():
+        ratio, low, high = time_ratio_ci([run["to_first_step"] for run in runs], floors)
+        figures["over_floor"][kind] = {"ratio": ratio, "ci95": [low, high], "goal": FLOOR_GOAL,
+                                       "verdict": verdict_at_most(low, high, FLOOR_GOAL)}
     if args.imports:
         result = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {LAUNCH_IMPORTS}"], cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
@@ -213,6 +245,15 @@ def print_startup(figures: dict[str, Any], console: Console) -> None:
             cells.append(f"{figures['median'][kind][key]:.2f} ({low:.2f} .. {high:.2f})")
         table.add_row(name, *cells)
     console.print(table)
+    if "floor" in figures:
+        floor = figures["floor"]
+        low, high = floor["ci95"]
+        console.print(f"floor: python -c \"{floor['code']}\" {floor['median']:.2f} s ({low:.2f} .. {high:.2f})",
+                      highlight=False, markup=False)
+        for kind, over in figures["over_floor"].items():
+            low, high = over["ci95"]
+            console.print(f"spawn to first step / floor, {kind}: x{over['ratio']:.2f} ({low:.2f} .. {high:.2f}; "
+                          f"goal <= x{over['goal']:.1f}: {over['verdict']})", highlight=False, markup=False)
     if "imports" in figures:
         imports = figures["imports"]
         parts = ", ".join(f"{lib} {imports[lib]:.2f} s" for lib in (*LIBRARIES, "rest") if lib in imports)

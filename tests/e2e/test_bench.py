@@ -199,7 +199,16 @@ def test_startup_command_times_a_fresh_launch_and_its_relaunch(tmp_path: Path) -
     """One round: a fresh launch stopped by a drill after its first step (exit 75), the relaunch that finishes it."""
     result = _bench(tmp_path, "startup", "--rounds", "1", "--imports", "--json", "--out", str(tmp_path / "out"))
     figures = json.loads(result.stdout)
-    assert set(figures) == {"launches", "median", "ci95", "load_average", "settings", "imports"}
+    assert set(figures) == {"launches", "median", "ci95", "load_average", "settings", "imports", "floor",
+                            "over_floor"}
+    # the floor (python -c "import torch, lightning.pytorch") beside each launch: the ratio of one paired round
+    (floor,) = figures["floor"]["seconds"]
+    assert figures["floor"]["code"] == "import torch, lightning.pytorch" and floor > 0
+    for kind in ("fresh", "relaunch"):
+        over = figures["over_floor"][kind]
+        assert over["ratio"] == pytest.approx(figures["launches"][kind][0]["to_first_step"] / floor)
+        assert over["ci95"] == [pytest.approx(over["ratio"])] * 2 and over["goal"] == 1.3
+        assert over["verdict"] == ("met" if over["ratio"] <= 1.3 else "missed")
     # what a launch imports before its parse: each library is there, and they and the rest add up to the total
     imports = figures["imports"]
     assert all(imports[lib] > 0 for lib in ("torch", "lightning", "mlflow"))
@@ -216,5 +225,6 @@ def test_startup_command_times_a_fresh_launch_and_its_relaunch(tmp_path: Path) -
     assert "round 1/1 (fresh)" in result.stderr and "round 1/1 (relaunch)" in result.stderr
     assert sorted(p.name for p in (tmp_path / "out" / "round0" / "runs" / "digits").iterdir()) == ["startup-0"]
     text = _table(print_startup, figures)
-    for cell in ("spawn to first step", "end of training to exit", "fresh launch", "relaunch"):
+    for cell in ("spawn to first step", "end of training to exit", "fresh launch", "relaunch",
+                 'floor: python -c "import torch, lightning.pytorch"', "spawn to first step / floor, relaunch: x"):
         assert cell in text, cell
