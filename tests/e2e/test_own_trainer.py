@@ -57,7 +57,7 @@ def test_the_page_script_resumes_exactly_and_tracks_one_run(tmp_path: Path) -> N
     _, err = interrupted.communicate(timeout=300)
     assert interrupted.returncode == 75, err[-3000:]
     saved = ckpt_store.newest_good(checkpoints)
-    assert saved is not None and 20 <= saved.global_step < 90, saved  # mid-fit, and verified
+    assert saved is not None and 20 <= saved.global_step < 45, saved  # mid-fit, and verified
     first_id = saved.extra["mlflow_run_id"]
 
     again = launch(cut, cut_env)
@@ -72,7 +72,7 @@ def test_the_page_script_resumes_exactly_and_tracks_one_run(tmp_path: Path) -> N
     assert run.info.run_id == first_id and run.info.status == "FINISHED"  # one MLflow run, continued
     assert run.data.params["num_classes"] == "10" and run.data.params["decision"] == "bayes"
     assert run.data.metrics["spot/interruptions"] == 1.0
-    assert sorted(p.name for p in checkpoints.glob("step=*.ckpt")) == ["step=00000080.ckpt", "step=00000090.ckpt"]
+    assert sorted(p.name for p in checkpoints.glob("step=*.ckpt")) == ["step=00000040.ckpt", "step=00000045.ckpt"]
     # nothing beside the run's directory and MLflow's (its store, its artifact root): no ./1/<run id>/checkpoints/
     assert sorted(p.name for p in cut.iterdir()) == ["configs", "mlflow.db", "mlruns", "runs", "train.py"]
     assert (cut / "runs" / "digits" / "own-trainer" / "time_breakdown.png").is_file()

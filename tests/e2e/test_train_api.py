@@ -63,8 +63,10 @@ class Kernel:
                 error = msg["content"]
             elif kind == "status" and msg["content"]["execution_state"] == "idle":
                 break
-        reply = self.kc.get_shell_msg(timeout=30)
-        return reply["content"]["status"], "".join(text), error
+        while True:  # the reply to this request (an earlier one's may still be queued)
+            reply = self.kc.get_shell_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply["content"]["status"], "".join(text), error
 
     def run(self, code: str, timeout: float = 300) -> tuple[str, str, dict[str, Any]]:
         return self.finish(self.start(code), timeout)
@@ -136,7 +138,7 @@ def test_interrupt_saves_keeps_the_kernel_and_the_rerun_resumes_bitwise(kernel: 
 
 def test_bad_input_is_one_train_error(kernel: Kernel) -> None:
     status, text, error = kernel.run('train("configs/digits.yaml", trainer={"max_epochz": 3})')
-    assert status == "error"
+    assert status == "error", text[-3000:]
     assert (error["ename"], error["evalue"]) == ("TrainError", "unrecognized arguments: --trainer.max_epochz=3")
     assert "error:" not in text  # said once, by the exception
     status, _, error = kernel.run('train("configs/digits.yaml", model={"init_args": {"width": -3}})')
