@@ -34,13 +34,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import mlflow
-from mlflow.entities import Run, ViewType
+from mlflow.entities import Run
 
 from recipes.run.common import (
     COST_KEY,
     LINEAR_BASELINE_KEY,
     ArgumentParser,
     UsageError,
+    all_runs,
     check_output_file,
     check_tracking_server,
     get_experiment,
@@ -177,7 +178,7 @@ def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
         UsageError: unknown experiment, an experiment without runs, or a metric no run logged.
     """
     exp = get_experiment(client, experiment, tracking_uri)
-    runs = client.search_runs([exp.experiment_id], run_view_type=ViewType.ACTIVE_ONLY, max_results=5000)
+    runs = all_runs(client, [exp.experiment_id])
     if not runs:
         raise UsageError(f"experiment {experiment!r} has no runs.")
     logged = sorted({k for r in runs for k in r.data.metrics if not k.startswith("system/")})

@@ -42,6 +42,7 @@ from recipes.run.common import (
     USAGE_EXIT_CODE,
     ArgumentParser,
     UsageError,
+    all_runs,
     check_tracking_server,
     get_experiment,
     parse_or_exit,
@@ -86,7 +87,7 @@ def runs_with_metric(client: mlflow.MlflowClient, experiment_id: str, experiment
     Raises:
         UsageError: no run of the experiment logged ``metric`` at all (the message lists what they logged).
     """
-    runs = client.search_runs([experiment_id], run_view_type=ViewType.ACTIVE_ONLY, max_results=5000)
+    runs = all_runs(client, [experiment_id])
     with_metric = [r for r in runs if metric in r.data.metrics]
     if not with_metric:
         logged = sorted({k for r in runs for k in r.data.metrics if not k.startswith("system/")})
@@ -181,8 +182,8 @@ def find_sweep(client: mlflow.MlflowClient, sweep: str) -> Run:
         UsageError: there is none (the message lists the sweeps there are).
     """
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
-    parents = client.search_runs(experiments, filter_string="tags.`atscale.kind` = 'sweep'", max_results=5000,
-                                 order_by=["attributes.start_time DESC"]) if experiments else []
+    parents = all_runs(client, experiments, filter_string="tags.`atscale.kind` = 'sweep'",
+                       order_by=["attributes.start_time DESC"]) if experiments else []
     found = [r for r in parents if r.data.tags.get("atscale.sweep") == sweep]
     if not found:
         known = sorted({r.data.tags.get("atscale.sweep", "") for r in parents})

@@ -301,6 +301,32 @@ def get_experiment(client: mlflow.MlflowClient, name: str, tracking_uri: str) ->
     return experiment
 
 
+#: Runs asked of the store per request; MLflow caps a page (SEARCH_MAX_RESULTS_THRESHOLD, 50,000).
+SEARCH_PAGE_SIZE = 1000
+
+
+def all_runs(client: mlflow.MlflowClient, experiment_ids: Sequence[str], filter_string: str = "",
+             order_by: Sequence[str] | None = None, active_only: bool = True) -> list[Run]:
+    """Every run of the experiments that matches ``filter_string``, page after page.
+
+    ``MlflowClient.search_runs`` answers one page and a token for the next: a reader that asks once loses every
+    run past its ``max_results`` without a word. MLflow's fluent ``mlflow.search_runs`` pages too, but on the
+    process's active store and with a cap of its own, so the tools page here with their own client.
+    """
+    from mlflow.entities import ViewType
+
+    view = ViewType.ACTIVE_ONLY if active_only else ViewType.ALL
+    runs: list[Run] = []
+    token: str | None = None
+    while True:
+        page = client.search_runs(list(experiment_ids), filter_string=filter_string, run_view_type=view,
+                                  max_results=SEARCH_PAGE_SIZE, order_by=list(order_by or []), page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
 def find_run(client: mlflow.MlflowClient, experiment_ids: Sequence[str], run_name: str) -> Run | None:
     """The newest MLflow run named ``run_name`` in the experiments, or None."""
     quoted = run_name.replace("'", "\\'")

@@ -21,7 +21,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.table import Table
 
-from recipes.run.common import COST_KEY
+from recipes.run.common import COST_KEY, all_runs
 
 from .study import RUN_NAME_ATTR
 
@@ -42,8 +42,8 @@ class Money:
 def child_runs(client: mlflow.MlflowClient, experiment_id: str, name: str) -> dict[int, Any]:
     """The sweep's trial runs (tag ``sweep`` = ``name``), by trial number (the newest run of each)."""
     quoted = name.replace("'", "\\'")
-    runs = client.search_runs([experiment_id], filter_string=f"tags.sweep = '{quoted}'", max_results=5000,
-                              order_by=["attributes.start_time ASC"])
+    runs = all_runs(client, [experiment_id], filter_string=f"tags.sweep = '{quoted}'",
+                    order_by=["attributes.start_time ASC"])
     return {int(r.data.tags["trial"]): r for r in runs if r.data.tags.get("trial", "").isdigit()}
 
 
