@@ -68,8 +68,8 @@ __all__ = ["DEFAULT_IGNORE", "TRUSTED_IMPORTS", "MetricDiff", "check_record", "c
            "main", "manifest_differences", "parse_record", "rerun_config", "untrusted_names"]
 
 #: Metric name patterns (fnmatch) that depend on timing or the machine, not on the training's numbers.
-DEFAULT_IGNORE = ("system/*", "time/*", "comm/*", "amdahl/*", "cost/*", "throughput/*", "*per_sec*", "*/time",
-                  "*mfu*", "*_s", "validate/*", "train/device/*",
+DEFAULT_IGNORE = ("system/*", "time/*", "comm/*", "amdahl/*", "cost/*", "goodput/*", "throughput/*", "*per_sec*",
+                  "*/time", "*mfu*", "*_s", "validate/*", "train/device/*",
                   "spot/*")  # interruptions the machine had; a resumed run ends bitwise equal without them
 TAG = REPRODUCES_TAG
 
