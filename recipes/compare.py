@@ -142,6 +142,11 @@ def _row(run: Run, keys: list[str], now: float) -> RunRow:
     )
 
 
+#: The ``atscale.kind`` tags of runs that stand for a group of runs (``recipes.scale``, ``recipes.sweep``), by how
+#: the hidden-run note names them.
+PARENT_KINDS = {"scale": "scale sweep", "sweep": "sweep"}
+
+
 @dataclass
 class Comparison:
     """What :func:`compare` found.
@@ -192,11 +197,13 @@ def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
             if run.info.status in HIDDEN_STATUSES:
                 hidden[run.info.status] = hidden.get(run.info.status, 0) + 1
         runs = [r for r in runs if r.info.status not in HIDDEN_STATUSES]
-    # a scale sweep's parent run summarises its children (which are shown): it is no training run to compare
-    sweeps = [r for r in runs if r.data.tags.get("atscale.kind") == "scale"]
-    if sweeps and not show_all:
-        hidden["scale sweep"] = len(sweeps)
-        runs = [r for r in runs if r.data.tags.get("atscale.kind") != "scale"]
+        # a sweep's parent run summarises its children (which are shown): it is no training run to compare, and
+        # its own settings as params would make every param "differ"
+        for run in runs:
+            label = PARENT_KINDS.get(run.data.tags.get("atscale.kind", ""))
+            if label:
+                hidden[label] = hidden.get(label, 0) + 1
+        runs = [r for r in runs if r.data.tags.get("atscale.kind", "") not in PARENT_KINDS]
     keys = differing_params([r.data.params for r in runs])
     rows = [_row(r, keys, time.time()) for r in runs]
     sign = -1.0 if mode == "max" else 1.0
@@ -317,6 +324,16 @@ def _usual_values(rows: list[RunRow], keys: list[str]) -> dict[str, Any]:
     return usual
 
 
+#: A param value longer than this is cut in the tables (``--json`` keeps it whole): a callback's init_args, logged as
+#: one JSON param, would fill a screen.
+SHOWN_VALUE_CHARS = 60
+
+
+def _shown(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS - 1] + "…"
+
+
 def _params_tables(rows: list[RunRow], keys: list[str], fits: Any) -> tuple[list[Any], bool]:
     """The differing params for a second table or two, and whether they are shown as changes from most runs.
 
@@ -333,7 +350,7 @@ def _params_tables(rows: list[RunRow], keys: list[str], fits: Any) -> tuple[list
     for i, row in enumerate(rows):
         grid.add_column(f"#{i + 1}\n{escape(row.run_name)}", overflow="fold")
     for key in keys:
-        grid.add_row(escape(short_key(key)), *(escape(str(r.params[key])) if r.params.get(key) is not None
+        grid.add_row(escape(short_key(key)), *(escape(_shown(r.params[key])) if r.params.get(key) is not None
                                                else "-" for r in rows))
     if fits(grid):
         return [grid], False
@@ -343,7 +360,7 @@ def _params_tables(rows: list[RunRow], keys: list[str], fits: Any) -> tuple[list
     common.add_column("param", no_wrap=True)
     common.add_column("most runs", overflow="fold")
     for key in keys:
-        shown = "(no two runs agree)" if usual[key] is VARIES else "-" if usual[key] is None else str(usual[key])
+        shown = "(no two runs agree)" if usual[key] is VARIES else "-" if usual[key] is None else _shown(usual[key])
         common.add_row(escape(short_key(key)), escape(shown))
     changes = Table(title="what each run changes")
     changes.add_column("#", justify="right", no_wrap=True)
@@ -353,7 +370,7 @@ def _params_tables(rows: list[RunRow], keys: list[str], fits: Any) -> tuple[list
         if not row.logged_params:
             departs = "(logged no params)"
         else:  # a param this run did not log is no change it made (say, the string form of a class it set)
-            departs = ", ".join(f"{short_key(k)}={row.params[k]}" for k in keys
+            departs = ", ".join(f"{short_key(k)}={_shown(row.params[k])}" for k in keys
                                 if row.params.get(k) is not None and row.params[k] != usual[k]) or "(none)"
         changes.add_row(str(i + 1), escape(row.run_name), escape(departs))
     return [common, changes], True

@@ -216,3 +216,33 @@ def test_a_scale_sweeps_parent_run_is_left_out_and_counted(digits, capsys):
     data = json.loads(_table(capsys, "--json", "--all"))
     assert [r["run_name"] for r in data["runs"]] == ["scale-digits", NAMES[1], NAMES[0], NAMES[2]]
     assert data["hidden"] == {}
+
+
+def test_a_sweeps_parent_run_is_left_out_and_counted(digits, capsys):
+    client, exp_id = digits
+    # recipes.sweep's parent: the sweep's own settings as params (none a training run has), its trials are the runs
+    parent = client.create_run(exp_id, run_name="sweep-digits",
+                               tags={"atscale.kind": "sweep", "atscale.sweep": "s"}).info.run_id
+    client.log_batch(parent, metrics=[mlflow.entities.Metric("val/acc", 0.99, 0, 0)],
+                     params=[mlflow.entities.Param(f"sweep.option_{i:03d}", str(i)) for i in range(40)])
+    client.set_terminated(parent, "FINISHED")
+    data = json.loads(_table(capsys, "--json"))
+    assert [r["run_name"] for r in data["runs"]] == [NAMES[1], NAMES[0]]
+    assert data["differing_params"] == [LR, EPOCHS]  # the parent's 40 settings are no differences
+    assert data["hidden"] == {"FAILED": 1, "sweep": 1}
+    assert "1 sweep run hidden (--all shows it)." in _table(capsys)
+
+
+def test_a_long_param_value_is_shortened_in_the_tables_and_kept_whole_in_json(digits, capsys, monkeypatch):
+    """A callback's whole init_args as one JSON param used to fill a screen of 'what each run changes'."""
+    monkeypatch.setenv("COLUMNS", "100")
+    client, exp_id = digits
+    value = json.dumps({"class_path": "callbacks.SpotCheckpoint", "init_args": {f"knob_{i}": i for i in range(30)}})
+    name = "20261201-040000-beef"
+    _run(client, exp_id, name, {**SHARED, **_own(name), LR: "0.02", EPOCHS: "20", "spot": value},
+         {"val/acc": 0.96, **BASE}, 1_700_000_300, 5.0)
+    out = _table(capsys)
+    assert "SpotCheckpoint" in out and "…" in out  # its first characters (the cell folds them over lines)
+    assert "knob_" not in out and len(value) > 2 * compare.SHOWN_VALUE_CHARS
+    data = json.loads(_table(capsys, "--json"))
+    assert next(r for r in data["runs"] if r["run_name"] == name)["params"]["spot"] == value
