@@ -54,10 +54,22 @@ key                         meaning
 ``cost/instances``          instances billed now
 ``cost/lost_steps``         optimizer steps run more than once
 ``cost/restart_s``          seconds of restart gaps billed
+``goodput/<category>_s``    the billed seconds of one category of the goodput ledger (below)
+``goodput/<category>_usd``  the same on the chosen market
+``goodput/share``           productive seconds / billed seconds
 ==========================  =====================================================================
 
+The goodput ledger (:mod:`callbacks.analysis.goodput` has the categories: productive, startup, redone,
+checkpoint, validation, data_wait, comm_exposed, tail, restart) files every second of the bill's clock under
+what the loop was doing (:mod:`callbacks.utils.goodput_clock`), so the categories sum to ``cost/billed_s``.
+Checkpoint stalls are timed around ``trainer.save_checkpoint``; the exposed communication is ``StepTiming``'s
+measured share of the step when it is in the trainer (found by its ``totals``; no import of it). At train end
+``goodput.png`` (stacked bars in seconds, and in dollars on both markets) goes beside the checkpoints' folder
+and to the MLflow run.
+
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{cost_model,prices}.py``, ``analysis/prices.yaml`` and ``utils/steps_file.py``.
+``analysis/{cost_model,prices,goodput,step_time}.py``, ``analysis/prices.yaml`` and
+``utils/{steps_file,goodput_clock,compat,timing_report}.py``.
 """
 
 from __future__ import annotations

@@ -268,7 +268,9 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
             raise ValueError(f"no scaling law: run {measured.run_id} logged no {SERIAL_KEY}; give --scale-run "
                              "PARENT_RUN_ID (a recipes.scale sweep), --serial-fraction S or --usl-a A --usl-b B.")
         speedup = law_speedup(measured.world_size, law)
+        note = _projection_note(measured, law_source or "")
         source = asdict(measured)
+        source["projection_note"] = note
         source["run_serial_fraction"] = source.pop("serial_fraction")  # what the run measured, used or not
         source.update(speedup_at_world_size=speedup, scaling_law_source=law_source)
         caveat = device_caveat(measured.measured_device, measured.device_source, instance)
@@ -308,6 +310,19 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
     return inputs, source, rate_source
 
 
+def _projection_note(measured: RunMeasurement, law_source: str) -> str | None:
+    """What the scaling law is: a one-process projection (and what it assumes), or a measurement beside one."""
+    own = measured.serial_fraction
+    if law_source.startswith("the run's") and measured.world_size == 1:
+        return ("a projection, not a measurement: Amdahl from one process's serial share, which holds no "
+                "communication and no second rank's threads on shared cores; measure with python -m recipes.scale "
+                "--devices 1,2 and pass --scale-run")
+    if own is not None and "recipes.scale run" in law_source:
+        return (f"measured by the sweep; the run's own one-process projection, s={own:.3g} "
+                f"(x{1 / (own + (1 - own) / 2):.2f} at N=2), stands beside it")
+    return None
+
+
 def _print_source(source: dict) -> None:
     where = source["run_id"] + (f" ({source['run_dir']})" if source["run_dir"] else "")
     world = source["world_size"]
@@ -318,6 +333,8 @@ def _print_source(source: dict) -> None:
           f"{per_device} [{source['step_time_source']}]")
     print(f"  steps      {source['steps']:,} [{source['steps_source']}]")
     print(f"  scaling    {source['scaling_law_source']}")
+    if source.get("projection_note"):
+        print(f"             {source['projection_note']}")
     for caveat in source["caveats"]:
         print(f"caveat: {caveat}")
     check = source.get("overhead_check")

@@ -132,6 +132,11 @@ def test_scaling_law_from_a_scale_parent_run(tmp_path, store, capsys) -> None:
     code, out = _plan(capsys, "--run", run_id, "--scale-run", amdahl, "--devices", "4", *ARGS)
     assert out["inputs"]["scaling_law"] == "Amdahl s=0.05"
     assert out["run"]["run_serial_fraction"] == 0.3  # measured by the run, not used: the sweep's fit wins
+    # issue 47: the run's one-process projection stands beside the sweep's measured fit, and says what it is
+    assert out["run"]["projection_note"] == ("measured by the sweep; the run's own one-process projection, s=0.3 "
+                                             "(x1.54 at N=2), stands beside it")
+    code, alone = _plan(capsys, "--run", run_id, "--devices", "4", *ARGS)
+    assert alone["run"]["projection_note"].startswith("a projection, not a measurement: Amdahl from one process's")
 
 
 @pytest.mark.parametrize(
