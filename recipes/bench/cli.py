@@ -13,6 +13,7 @@ from rich.console import Console
 from recipes.bench import compression as bench_compression
 from recipes.bench import lm as bench_lm
 from recipes.bench import startup as bench_startup
+from recipes.bench import stream as bench_stream
 from recipes.bench.checkpoint import CHECKPOINT_MARGIN, bench_checkpoint, print_checkpoint
 from recipes.bench.contention import bench_contention, print_contention
 from recipes.bench.fit import FIT_MARGIN, GOAL_FIT_RATIO, bench_fit, bench_fit_ablation, print_fit, print_fit_ablation
@@ -110,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_startup.add_arguments(sub.add_parser(
         "startup", help="a launch's time to its first step and to exit, phase by phase (fresh and relaunch)",
         description=bench_startup.__doc__.splitlines()[0] if bench_startup.__doc__ else None))
+    bench_stream.add_arguments(sub.add_parser(
+        "stream", help="the digits recipe streamed from a local S3 server vs in memory: samples/s, data wait, cache",
+        description=bench_stream.__doc__.splitlines()[0] if bench_stream.__doc__ else None))
     fit = sub.add_parser("fit", help="the default digits recipe's trainer.fit vs plain Lightning's, side by side",
                          description="trainer.fit of `python -m recipes.fit --config configs/digits.yaml` (in this "
                                      "process) and of plain Lightning on the same ImageClassifier, DigitsDataModule, "
@@ -145,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_lm.run(args)
         if args.command == "startup":
             return bench_startup.run(args)
+        if args.command == "stream":
+            return bench_stream.run(args)
         if args.command == "gpu":
             from recipes.bench import gpu as bench_gpu
 
