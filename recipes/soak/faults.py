@@ -75,6 +75,8 @@ Invariants (each fault's problems name the one they break; the exit status is 1 
   no launch after a store kill fails on it.
 - ``pointer_complete`` (``--store s3``): after every launch, the bucket's ``latest.json`` names a checkpoint
   whose record and every object are there with the recorded size and SHA-256 (read straight from moto).
+- ``ledger``: the run's goodput ledger sums to its bill within 0.1 % and its redone steps and start-up agree
+  with the faults and launches the soak saw (``recipes/soak/ledger.py`` states the tolerances).
 
 How each kind is struck and checked is :class:`~recipes.soak.soak.Soak`'s; this module holds only what a fault
 is, so that the report and the tests read it without the machinery.
@@ -97,7 +99,7 @@ STORE_KINDS = ("bucket_outage",)
 RANK_KINDS = ("skewed_rank", "frozen_rank")
 INVARIANTS = ("finished", "bitwise_equal", "metric_history", "one_mlflow_run", "no_run_left_running",
               "resumed_from_newest", "no_checkpoint_lost", "clean_exit", "double_launch_refused", "store_usable",
-              "pointer_complete")
+              "pointer_complete", "ledger")
 CORRUPTED = {"truncate": "truncated", "flip": "byte-flipped"}
 
 

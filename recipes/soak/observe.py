@@ -102,6 +102,20 @@ class Store:
             return sorted((p for p in points if p[1] >= int(since_s * 1000)), key=lambda p: p[1])
         return self._read(read)
 
+    def final_metrics(self, name: str) -> dict[str, float]:
+        """The latest value of every metric of the active run named ``name`` (empty without exactly one)."""
+        from mlflow.entities import ViewType
+
+        def read(client: MlflowClient) -> list[dict[str, float]]:
+            experiment = client.get_experiment_by_name(EXPERIMENT)
+            if experiment is None:
+                return []
+            where = f"attributes.run_name = '{name}'"
+            return [dict(r.data.metrics)
+                    for r in _search_runs(client, [experiment.experiment_id], where, ViewType.ACTIVE_ONLY)]
+        found = self._read(read)
+        return found[0] if len(found) == 1 else {}
+
     def history(self, name: str) -> dict[str, list[tuple[int, float]]]:
         """Every metric key of the active run named ``name``: its (step, value) points in order."""
         from mlflow.entities import ViewType

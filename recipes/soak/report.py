@@ -104,5 +104,15 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         checks.add_row(name, "[green]held[/]" if result["ok"] else f"[red]FAILED ({len(result['problems'])})[/]",
                        "\n".join(p[:300] for p in result["problems"][:3]))
     console.print(checks)
+    for run in report["runs"]:
+        found = run["checks"].get("ledger")
+        if isinstance(found, dict) and found.get("ledger"):
+            ledger, lost, startup = found["ledger"], found["lost_steps"], found["startup_s"]
+            console.print(f"{run['name']}: goodput {ledger['share']:.1%} of {ledger['billed_s']:.1f} s billed; redone "
+                          f"{ledger['seconds']['redone']:.2f} s (${ledger['usd']['redone']:.4f}) for "
+                          f"{lost['ledger']} lost steps (faults: {lost['faults']}); start-up "
+                          f"{startup['ledger']:.2f} s (${ledger['usd']['startup']:.4f}) against "
+                          f"{startup['launches_on_the_books']:.2f} s of {startup['launches']} launch(es) on the "
+                          f"books (+-{startup['allowed']:.2f} s)", highlight=False, markup=False)
     for kind, reason in report["skipped_kinds"].items():
         console.print(f"[yellow]{kind} skipped: {reason}[/]")

@@ -41,6 +41,7 @@ from recipes.soak.bucket import Bucket
 from recipes.soak.disk import Disk
 from recipes.soak.faults import CORRUPTED, Fault, PlannedFault, RunState, Watch, corrupt
 from recipes.soak.launch import EXIT_WATCH_LINE, Launch, hung_where, last_error, parse_complete, parse_resume
+from recipes.soak.ledger import LEDGER_ARGS, check_ledger
 from recipes.soak.observe import EXPERIMENT, Store, good_checkpoints, newest_good, pruned_by_policy
 
 _STORE_ERROR = re.compile(r"sqlalchemy|alembic|no such table|database is locked|schema", re.IGNORECASE)
@@ -84,7 +85,7 @@ class Soak:
             cmd += ["--trainer.limit_train_batches", str(a.batches)]
         cmd += ["--spot.every_n_steps", str(a.every), "--trainer.log_every_n_steps", "1", "--log_model", "false",
                 "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-                "--run_name", run_name, *extra]
+                *LEDGER_ARGS, "--run_name", run_name, *extra]
         if self.bucket is not None:
             cmd += ["--runs_root", self.runs_url(run_name)]
         return cmd
@@ -708,6 +709,7 @@ class Soak:
         self.awaiting = []
         self.check_weights(run)
         self.check_history(run)
+        self.check_ledger(run)
         mlflow_runs = self.store.runs(run.name)
         run.checks["mlflow_runs"] = mlflow_runs
         if len(mlflow_runs) != 1 or mlflow_runs[0]["status"] != "FINISHED":
@@ -739,6 +741,17 @@ class Soak:
             changed = sorted(s for s in set(want) & set(have) if want[s] != have[s])
             run.fail("metric_history", f"{key}: steps missing {missing[:8]}, extra {extra[:8]}, other values at "
                                        f"{changed[:8]} (of {len(want)} points)")
+
+    def check_ledger(self, run: RunState) -> None:
+        """The run's goodput ledger against its faults and launches (``recipes/soak/ledger.py``)."""
+        if any(f.detail.get("store_replaced") for f in self.faults if f.run_name == run.name):
+            run.checks["ledger"] = "exempt: the store was replaced"
+            return
+        launches = [launch for launch in self.launches if launch.run_name == run.name]
+        faults = [f for f in self.faults if f.run_name == run.name]
+        run.checks["ledger"], problems = check_ledger(self.store.final_metrics(run.name), launches, faults)
+        for problem in problems:
+            run.fail("ledger", problem)
 
     def check_weights(self, run: RunState) -> None:
         import torch

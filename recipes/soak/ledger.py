@@ -1,0 +1,94 @@
+"""The soak's check of a run's goodput ledger against the faults it injected (issue 47).
+
+The soak knows what happened to each run: its launches (when each started, when its first training loss
+reached the store, which checkpoint it resumed from) and the steps each fault lost (the furthest step the
+struck launch logged less the step the next launch resumed from). The run's final ``goodput/*`` and ``cost/*``
+must agree:
+
+- the categories sum to ``cost/billed_s`` within :data:`SUM_TOLERANCE` (0.1 %);
+- redone steps: the ledger's lost steps (``cost/lost_steps``, exact from the steps sidecar) equal the soak's sum
+  over the run's faults within :data:`LOST_STEPS_PER_FAULT` step per fault (the struck launch's last loss may not
+  reach the store before a SIGKILL: the soak then counts one step less), and ``goodput/redone_usd`` equals the
+  soak's lost steps at the ledger's mean step price within the same steps;
+- start-up: ``goodput/startup_s`` equals the start-up of the launches whose start-up is on the books within
+  :data:`STARTUP_REL` + :data:`STARTUP_PER_LAUNCH_S` per launch. A launch's start-up is on the books when a later
+  launch resumed from a checkpoint it wrote (the next launch resumed from a newer step than it did) or it is the
+  run's last launch; any other launch's whole life is billed in the next restart gap. The soak's figure for a
+  launch is its spawn to its first logged training loss, which also holds the first step and the tracking
+  store's write of the loss (hence the allowance per launch); the launches run with ``--cost.bill_from spawn``.
+
+Dollars are at the soak's price (:data:`PRICE_ARGS`: $3.60 per hour, a thousandth of a dollar a second), so the
+figures read as seconds too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from recipes.soak.faults import Fault
+from recipes.soak.launch import Launch
+
+__all__ = ["LEDGER_ARGS", "check_ledger"]
+
+CATEGORIES = ("productive", "startup", "redone", "checkpoint", "validation", "data_wait", "comm_exposed", "tail",
+              "restart")
+#: What every soak launch adds to its command: bill from spawn, at a price that makes seconds into dollars.
+PRICE_ARGS = ("--cost.price_on_demand", "3.6")
+LEDGER_ARGS = ("--cost.bill_from", "spawn", *PRICE_ARGS)
+SUM_TOLERANCE = 1e-3
+LOST_STEPS_PER_FAULT = 1
+STARTUP_REL = 0.10
+STARTUP_PER_LAUNCH_S = 1.0
+
+
+def on_the_books(launches: Sequence[Launch]) -> list[Launch]:
+    """The launches (in order) whose start-up the ledger keeps: each that a later launch resumed past, and the last."""
+    trained = [launch for launch in launches if launch.first_step_s is not None]
+    out = []
+    for index, launch in enumerate(trained):
+        later = trained[index + 1] if index + 1 < len(trained) else None
+        if later is None or (later.resumed_from or 0) > (launch.resumed_from or 0):
+            out.append(launch)
+    return out
+
+
+def check_ledger(final: dict[str, float], launches: Sequence[Launch], faults: Sequence[Fault]
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """The run's ledger beside what the soak saw; returns the record for the report and the problems found.
+
+    Args:
+        final: the run's latest value of every metric (MLflow's ``run.data.metrics``).
+        launches: the run's launches, in order.
+        faults: the run's faults.
+    """
+    if "goodput/share" not in final or "cost/billed_s" not in final:
+        return {"ledger": None}, ["the run logged no goodput ledger (goodput/share, cost/billed_s)"]
+    problems = []
+    seconds = {c: final.get(f"goodput/{c}_s", 0.0) for c in CATEGORIES}
+    billed = final["cost/billed_s"]
+    total = sum(seconds.values())
+    if abs(total - billed) > SUM_TOLERANCE * billed:
+        problems.append(f"the categories sum to {total:.3f} s, not the {billed:.3f} s billed")
+    lost_ledger = int(final.get("cost/lost_steps", 0))
+    counted = [f.lost_steps for f in faults if f.lost_steps is not None]
+    lost_soak = sum(counted)
+    if abs(lost_ledger - lost_soak) > LOST_STEPS_PER_FAULT * len(counted):
+        problems.append(f"the ledger counts {lost_ledger} lost steps, the faults {lost_soak} "
+                        f"(allowed: {LOST_STEPS_PER_FAULT} a fault)")
+    step_usd = final.get("cost/lost_work_usd", 0.0) / lost_ledger if lost_ledger else 0.0
+    redone_usd = final.get("goodput/redone_usd", 0.0)
+    if lost_ledger and abs(redone_usd - lost_soak * step_usd) > LOST_STEPS_PER_FAULT * len(counted) * step_usd + 1e-12:
+        problems.append(f"redone ${redone_usd:.4f} against the faults' {lost_soak} steps x ${step_usd:.6f}")
+    books = on_the_books(launches)
+    startup_soak = sum(launch.first_step_s or 0.0 for launch in books)
+    allowed = STARTUP_REL * startup_soak + STARTUP_PER_LAUNCH_S * len(books)
+    if abs(seconds["startup"] - startup_soak) > allowed:
+        problems.append(f"start-up {seconds['startup']:.2f} s against {startup_soak:.2f} s for the {len(books)} "
+                        f"launch(es) on the books (allowed +-{allowed:.2f} s)")
+    record = {"ledger": {"seconds": seconds, "usd": {c: final.get(f"goodput/{c}_usd", 0.0) for c in CATEGORIES},
+                         "share": final["goodput/share"], "billed_s": billed},
+              "lost_steps": {"ledger": lost_ledger, "faults": lost_soak},
+              "startup_s": {"ledger": seconds["startup"], "launches_on_the_books": startup_soak,
+                            "launches": len(books), "allowed": allowed}}
+    return record, problems
