@@ -113,6 +113,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                           f"{lost['ledger']} lost steps (faults: {lost['faults']}); start-up "
                           f"{startup['ledger']:.2f} s (${ledger['usd']['startup']:.4f}) against "
                           f"{startup['launches_on_the_books']:.2f} s of {startup['launches']} launch(es) on the "
-                          f"books (+-{startup['allowed']:.2f} s)", highlight=False, markup=False)
+                          f"books (within {startup['bounds'][0]:.2f} .. {startup['bounds'][1]:.2f} s)",
+                          highlight=False, markup=False)
     for kind, reason in report["skipped_kinds"].items():
         console.print(f"[yellow]{kind} skipped: {reason}[/]")
