@@ -502,6 +502,30 @@ SCRIPTS = {
         assert (model.train_batches, model.val_batches, t.global_step) == (23, 2, 23)
         assert "val/acc" in t.logger.history
     """,
+    "streaming": """
+        import json
+
+        import numpy as np
+        from litdata.streaming.writer import BinaryWriter
+        from myproj.dms.streaming import StreamingImageDataModule
+
+        # chunks as recipes.prepare writes them (litdata's writer, as litdata.optimize uses it), and atscale.json
+        for split, count in (("train", 64), ("val", 16)):
+            writer = BinaryWriter(f"stream/{split}", chunk_size=16)
+            for i in range(count):
+                writer[i] = {"x": np.full((1, 8, 8), i / 100, dtype=np.float32), "y": i % 10}
+            writer.done()
+            writer.merge()
+        with open("stream/atscale.json", "w") as handle:
+            json.dump({"kind": "images", "complete": True, "num_classes": 10}, handle)
+        dm = StreamingImageDataModule("stream", batch_size=8, cache_dir="cache")
+        model = Tiny(features=64, classes=10)
+        t = trainer(max_epochs=1, limit_val_batches=1.0)
+        t.fit(model, datamodule=dm)
+        assert (len(dm.train_set), len(dm.val_set)) == (64, 16)
+        assert (model.train_batches, model.val_batches, t.global_step) == (8, 1, 8)
+        assert len(dm.fingerprint()) == 64
+    """,
     "text": """
         from myproj.dms.text import TextDataModule
 
@@ -589,7 +613,7 @@ SCRIPTS = {
 }
 
 CALLBACKS = sorted(p.stem for p in (REPO / "callbacks").glob("*.py") if p.stem != "__init__")
-DATAMODULES = ["digits", "text", "vision"]
+DATAMODULES = ["digits", "streaming", "text", "vision"]
 #: The tasks' LightningModules (recipes/), copied as a user copies a model into their own project.
 TASKS = ["classifier", "gpt"]
 
