@@ -29,13 +29,29 @@ def _runs(loggers: Iterable[Any], needs: str) -> list[tuple[Any, str]]:
     return out
 
 
-def lost_steps(loggers: Iterable[Any], resumed_step: int) -> int:
-    """Steps the previous attempt logged beyond the checkpoint resumed from (redone now)."""
+def lost_steps(loggers: Iterable[Any], resumed_step: int, steps_run: int | None = None, saved_lost: int = 0) -> int:
+    """Steps the attempts since the checkpoint resumed from ran beyond it (lost, redone now).
+
+    The metric history alone is only as fine as the logging cadence: with ``log_every_n_steps=50`` an attempt
+    killed at step 83 logged its loss last at step 50, and 33 lost steps read as 25 or fewer. CostTracker's
+    steps file (``callbacks/utils/steps_file.py``) counts every step: pass its ``steps_run`` and the lost steps
+    the resumed checkpoint already counted (CostTracker's ``lost_steps`` in that checkpoint) to get the exact
+    figure, the increment of ``cost/lost_steps`` at this resume (the goodput ledger's count): summed over the
+    resumes it is ``cost/lost_steps``.
+
+    Args:
+        loggers: the trainer's loggers (MLflow's are read).
+        resumed_step: the global step of the checkpoint resumed from.
+        steps_run: the steps file's count of every step run (redone ones included), if there is one.
+        saved_lost: the lost steps counted up to that checkpoint.
+    """
     furthest = resumed_step
     for client, run_id in _runs(loggers, "get_metric_history"):
         # a metric logged after optimizer step k carries step k - 1 (Lightning counts from 0)
         steps = [m.step + 1 for m in client.get_metric_history(run_id, LOSS_KEY)]
         furthest = max([furthest, *steps])
+    if steps_run is not None:
+        furthest = max(furthest, steps_run - saved_lost)
     return furthest - resumed_step
 
 
