@@ -27,6 +27,7 @@ does not exist or refuses the credentials, another dataset at ``--output``); 1 a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -267,8 +268,9 @@ def make_chunks(staging: Path, fns: dict[str, tuple[Callable[[int], Any], int]],
         scratch = staging / f".{split}.tmp"
         shutil.rmtree(scratch, ignore_errors=True)
         print(f"{split}: writing {count} items in chunks of {chunk_items}", file=sys.stderr)
-        optimize(fn=fn, inputs=list(range(count)), output_dir=str(scratch), chunk_size=chunk_items, num_workers=1,
-                 mode="overwrite", start_method="fork")
+        with contextlib.redirect_stdout(sys.stderr):  # litdata's progress and notes: stdout keeps the one answer
+            optimize(fn=fn, inputs=list(range(count)), output_dir=str(scratch), chunk_size=chunk_items,
+                     num_workers=1, mode="overwrite", start_method="fork")
         scratch.rename(folder)
 
 
