@@ -120,7 +120,7 @@ from recipes.planning.batch_runs import B_NOISE_KEY, BATCH_PARAM, STEP_MEAN_KEY,
 from recipes.planning.batch_train import sweep_step_times, validate
 from recipes.planning.model import DEFAULT_DEVICES, PlanInputs, PlanResult, PlanRow, law_speedup, plan
 from recipes.planning.plot import write_batch_plot, write_plot
-from recipes.planning.report import print_table, rich_console, to_json
+from recipes.planning.report import print_overhead_check, print_table, projection_note, rich_console, to_json
 from recipes.planning.runs import (
     RunMeasurement,
     device_caveat,
@@ -268,7 +268,7 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
             raise ValueError(f"no scaling law: run {measured.run_id} logged no {SERIAL_KEY}; give --scale-run "
                              "PARENT_RUN_ID (a recipes.scale sweep), --serial-fraction S or --usl-a A --usl-b B.")
         speedup = law_speedup(measured.world_size, law)
-        note = _projection_note(measured, law_source or "")
+        note = projection_note(measured, law_source or "")
         source = asdict(measured)
         source["projection_note"] = note
         source["run_serial_fraction"] = source.pop("serial_fraction")  # what the run measured, used or not
@@ -310,19 +310,6 @@ def _inputs_from_args(args: argparse.Namespace) -> tuple[PlanInputs, dict | None
     return inputs, source, rate_source
 
 
-def _projection_note(measured: RunMeasurement, law_source: str) -> str | None:
-    """What the scaling law is: a one-process projection (and what it assumes), or a measurement beside one."""
-    own = measured.serial_fraction
-    if law_source.startswith("the run's") and measured.world_size == 1:
-        return ("a projection, not a measurement: Amdahl from one process's serial share, which holds no "
-                "communication and no second rank's threads on shared cores; measure with python -m recipes.scale "
-                "--devices 1,2 and pass --scale-run")
-    if own is not None and "recipes.scale run" in law_source:
-        return (f"measured by the sweep; the run's own one-process projection, s={own:.3g} "
-                f"(x{1 / (own + (1 - own) / 2):.2f} at N=2), stands beside it")
-    return None
-
-
 def _print_source(source: dict) -> None:
     where = source["run_id"] + (f" ({source['run_dir']})" if source["run_dir"] else "")
     world = source["world_size"]
@@ -339,24 +326,7 @@ def _print_source(source: dict) -> None:
         print(f"caveat: {caveat}")
     check = source.get("overhead_check")
     if check:
-        _print_overhead_check(check)
-
-
-def _print_overhead_check(check: dict) -> None:
-    """The run's realized checkpoint + lost-work overhead beside Young/Daly's and the flat surcharge formula."""
-    mtbf = "none seen" if math.isinf(check["mtbf_s"]) else f"{human_duration(check['mtbf_s'])}"
-    optimum = ("not needed" if math.isinf(check["optimum_interval_s"])
-               else human_duration(check["optimum_interval_s"]))
-    print(f"checkpoints and interruptions ({check['interruptions']} resume(s); measured save d = "
-          f"{check['save_cost_s']:.3g} s, work between saves t = {human_duration(check['interval_s'])}, "
-          f"M = {mtbf}, restart R = {check['restart_s']:.3g} s):")
-    print(f"  realized      {check['realized']:.2%} of the productive time (checkpoint stalls + redone steps + "
-          "restart gaps, from the goodput ledger)")
-    print(f"  Young/Daly    {check['predicted']:.2%} at the realized t (d/t + t/2M + R/M); "
-          f"{check['predicted_at_optimum']:.2%} at Daly's t = {optimum}")
-    print(f"  1 + P x O     {check['seed']:.2%} (interruptions per hour x hours each cost): leaves out the saves "
-          "paid without any interruption (d/t), takes the work an interruption loses as fixed when it is t/2 "
-          "on average (so it cannot choose t), and is linear in P (no interruption of a redo or a restart)")
+        print_overhead_check(check)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

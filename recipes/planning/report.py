@@ -16,7 +16,7 @@ from typing import Any
 from recipes.planning.model import PlanResult, PlanRow, money, usd
 from recipes.run.common import human_duration
 
-__all__ = ["PICK_NAMES", "print_table", "rich_console", "to_json"]
+__all__ = ["PICK_NAMES", "print_overhead_check", "print_table", "projection_note", "rich_console", "to_json"]
 
 
 def _num(x: float) -> float | None:
@@ -148,3 +148,32 @@ def print_table(result: PlanResult) -> None:
     for message in result.messages:
         console.print(message, markup=False, highlight=False)
 
+
+def projection_note(measured: Any, law_source: str) -> str | None:
+    """What the scaling law is: a one-process projection (and what it assumes), or a measurement beside one."""
+    own = measured.serial_fraction
+    if law_source.startswith("the run's") and measured.world_size == 1:
+        return ("a projection, not a measurement: Amdahl from one process's serial share, which holds no "
+                "communication and no second rank's threads on shared cores; measure with python -m recipes.scale "
+                "--devices 1,2 and pass --scale-run")
+    if own is not None and "recipes.scale run" in law_source:
+        return (f"measured by the sweep; the run's own one-process projection, s={own:.3g} "
+                f"(x{1 / (own + (1 - own) / 2):.2f} at N=2), stands beside it")
+    return None
+
+
+def print_overhead_check(check: dict) -> None:
+    """The run's realized checkpoint + lost-work overhead beside Young/Daly's and the flat surcharge formula."""
+    mtbf = "none seen" if math.isinf(check["mtbf_s"]) else f"{human_duration(check['mtbf_s'])}"
+    optimum = ("not needed" if math.isinf(check["optimum_interval_s"])
+               else human_duration(check["optimum_interval_s"]))
+    print(f"checkpoints and interruptions ({check['interruptions']} resume(s); measured save d = "
+          f"{check['save_cost_s']:.3g} s, work between saves t = {human_duration(check['interval_s'])}, "
+          f"M = {mtbf}, restart R = {check['restart_s']:.3g} s):")
+    print(f"  realized      {check['realized']:.2%} of the productive time (checkpoint stalls + redone steps + "
+          "restart gaps, from the goodput ledger)")
+    print(f"  Young/Daly    {check['predicted']:.2%} at the realized t (d/t + t/2M + R/M); "
+          f"{check['predicted_at_optimum']:.2%} at Daly's t = {optimum}")
+    print(f"  1 + P x O     {check['seed']:.2%} (interruptions per hour x hours each cost): leaves out the saves "
+          "paid without any interruption (d/t), takes the work an interruption loses as fixed when it is t/2 "
+          "on average (so it cannot choose t), and is linear in P (no interruption of a redo or a restart)")
