@@ -43,7 +43,7 @@ from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO, PublishGate
 from callbacks.cost import CostTracker
 from callbacks.elastic import ElasticResume
-from callbacks.manifest import Manifest, git_state
+from callbacks.manifest import Manifest
 from callbacks.mlflow_model import LogModel
 from callbacks.model_checkpoint import PublishedModelCheckpoint
 from callbacks.progress import RunProgressBar
@@ -83,11 +83,15 @@ from recipes.run.context import (
     refuse_ignored_changes,
     resolve_resume,
     run_tags,
+    search_tags,
     torchrun_nodes,
 )
 from recipes.run.errors import lost_peer, machine_failure, out_of_space, parse_error_message
 from recipes.run.lock import RunLock, RunLocked
 from recipes.run.process import (
+    ASYNC_LOGGING_BUFFER_ENV,
+    ASYNC_LOGGING_BUFFER_S,
+    ASYNC_LOGGING_THREADS_ENV,
     STOP_EXCEPTIONS,
     Interrupted,
     ReleaseInterruptedFrames,
@@ -111,49 +115,10 @@ from recipes.run.tracking import RUN_DIR_TAG, TrackingError, flush_async_metrics
 
 log = logging.getLogger(__name__)
 
-#: MLflow's worker threads for async logging (read when its queue starts).
-ASYNC_LOGGING_THREADS_ENV = "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"
-#: MLflow's async queue, by default, waits for its next batch with a 1 s timeout and looks at its stop event only
-#: after it: every run's end (set_terminated, a flush) then waited ~1 s. Buffered, it sleeps on the stop event
-#: itself (woken at once when the run ends) and writes what gathered each interval as one batch. A batch's
-#: write costs mostly per call, not per metric, and it holds the GIL the training step needs: gathering several
-#: logging windows into one write is most of what metrics cost the step. A live run's charts lag by as much.
-#: MLflow parses the value as an int: "0.5" would stop its logging thread with a ValueError.
-ASYNC_LOGGING_BUFFER_ENV = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
-ASYNC_LOGGING_BUFFER_S = "5"
-_MAX_PARAM_LENGTH = 6000
 
 
 class AlreadyComplete(Exception):
     """The run being relaunched finished already with this config: nothing to train (exit code 0)."""
-
-
-def _short_class(value: Any) -> str:
-    """``a.b.Name`` (or a ``{class_path: ...}`` config) -> ``Name``; other values as text."""
-    if isinstance(value, (dict, Namespace)) and value.get("class_path"):
-        value = value.get("class_path")
-    return str(value).rsplit(".", 1)[-1] if isinstance(value, str) and "." in value and " " not in value \
-        else str(value)
-
-
-def search_tags(cfg: Namespace) -> dict[str, str]:
-    """Tags a person filters runs by in MLflow, and the run's description (the command that started it)."""
-    trainer = cfg.trainer
-    configs = [Path(str(c)).name for c in (cfg.get("config") or [])]
-    tags = {
-        "atscale.recipe": " + ".join(configs) or cfg.experiment,
-        "atscale.model": _short_class(cfg.get("model")),
-        "atscale.data": _short_class(cfg.get("data")),
-        "atscale.strategy": _short_class(trainer.get("strategy") or "auto"),
-        "atscale.devices": f"{trainer.get('devices') or 'auto'} x {trainer.get('num_nodes') or 1}",
-        "atscale.precision": str(trainer.get("precision") or "32-true"),
-        "atscale.market": str(cfg.cost.get("market")) if cfg.get("cost") else "on_demand",
-        "mlflow.note.content": "```\n" + " ".join(redact(a) for a in [Path(sys.executable).name, *sys.argv]) + "\n```",
-    }
-    sha = git_state(Path(__file__).parent).get("sha")
-    if sha:
-        tags["atscale.git_sha"] = sha
-    return tags
 
 
 class AtscaleCLI(LightningCLI):

@@ -21,6 +21,7 @@ import logging
 import os
 import secrets
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,36 @@ def check_trainer_values(trainer: Any) -> None:
         value = trainer.get(key) if trainer is not None else None
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise UsageError(f"trainer.{key}={value} must be >= 1 ({meaning}).")
+
+
+def _short_class(value: Any) -> str:
+    """``a.b.Name`` (or a ``{class_path: ...}`` config) -> ``Name``; other values as text."""
+    if isinstance(value, (dict, Namespace)) and value.get("class_path"):
+        value = value.get("class_path")
+    return str(value).rsplit(".", 1)[-1] if isinstance(value, str) and "." in value and " " not in value \
+        else str(value)
+
+
+def search_tags(cfg: Namespace) -> dict[str, str]:
+    """Tags a person filters runs by in MLflow, and the run's description (the command that started it)."""
+    trainer = cfg.trainer
+    configs = [Path(str(c)).name for c in (cfg.get("config") or [])]
+    tags = {
+        "atscale.recipe": " + ".join(configs) or cfg.experiment,
+        "atscale.model": _short_class(cfg.get("model")),
+        "atscale.data": _short_class(cfg.get("data")),
+        "atscale.strategy": _short_class(trainer.get("strategy") or "auto"),
+        "atscale.devices": f"{trainer.get('devices') or 'auto'} x {trainer.get('num_nodes') or 1}",
+        "atscale.precision": str(trainer.get("precision") or "32-true"),
+        "atscale.market": str(cfg.cost.get("market")) if cfg.get("cost") else "on_demand",
+        "mlflow.note.content": "```\n" + " ".join(redact(a) for a in [Path(sys.executable).name, *sys.argv]) + "\n```",
+    }
+    from callbacks.manifest import git_state  # here: the resume policy is testable without Lightning
+
+    sha = git_state(Path(__file__).parent).get("sha")
+    if sha:
+        tags["atscale.git_sha"] = sha
+    return tags
 
 
 def global_rank_from_env() -> int:

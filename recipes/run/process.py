@@ -34,6 +34,16 @@ log = logging.getLogger(__name__)
 
 #: MLflow prints a run's UI page at every end of the run (twice for one fit) unless this is true.
 MLFLOW_QUIET_URL_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+#: MLflow's worker threads for async logging (read when its queue starts; the CLI sets one: batches in order).
+ASYNC_LOGGING_THREADS_ENV = "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"
+#: MLflow's async queue, by default, waits for its next batch with a 1 s timeout and looks at its stop event only
+#: after it: every run's end (set_terminated, a flush) then waited ~1 s. Buffered, it sleeps on the stop event
+#: itself (woken at once when the run ends) and writes what gathered each interval as one batch. A batch's
+#: write costs mostly per call, not per metric, and it holds the GIL the training step needs: gathering several
+#: logging windows into one write is most of what metrics cost the step. A live run's charts lag by as much.
+#: MLflow parses the value as an int: "0.5" would stop its logging thread with a ValueError.
+ASYNC_LOGGING_BUFFER_ENV = "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"
+ASYNC_LOGGING_BUFFER_S = "5"
 
 
 class Interrupted(BaseException):
