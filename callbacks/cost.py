@@ -68,8 +68,8 @@ measured share of the step when it is in the trainer (found by its ``totals``; n
 and to the MLflow run.
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{cost_model,prices,goodput,step_time}.py``, ``analysis/prices.yaml`` and
-``utils/{steps_file,goodput_clock,compat,timing_report}.py``.
+``analysis/{cost_model,prices,goodput}.py``, ``analysis/prices.yaml`` and
+``utils/{steps_file,goodput_clock,compat,goodput_plot}.py``.
 """
 
 from __future__ import annotations
@@ -469,7 +469,7 @@ class CostTracker(Callback):
             self.plot_path = self._write_plot(trainer)
 
     def _write_plot(self, trainer: Trainer) -> Path | None:
-        from .utils.timing_report import plot_goodput
+        from .utils.goodput_plot import plot_goodput  # matplotlib: only when a plot is drawn
 
         path = self._progress_dir(trainer).parent / "goodput.png"
         ledger = self.ledger()
