@@ -655,7 +655,9 @@ def test_copy_lists_are_read_as_written() -> None:
         "utils/save_schedule.py", "utils/drills.py", "utils/resume_record.py", "utils/comm_hooks.py",
         "analysis/ckpt_interval.py"]
     assert copy_list(REPO / "callbacks" / "cost.py") == ["analysis/cost_model.py", "analysis/prices.py",
-                                                         "analysis/prices.yaml", "utils/steps_file.py"]
+                                                         "analysis/goodput.py", "analysis/prices.yaml",
+                                                         "utils/steps_file.py", "utils/goodput_clock.py",
+                                                         "utils/compat.py", "utils/goodput_plot.py"]
     assert copy_list(REPO / "callbacks" / "progress.py") == []
     assert copy_list(REPO / "datamodules" / "text.py") == ["loaders.py"]
     assert copy_list(REPO / "recipes" / "classifier.py") == ["metrics.py", "run/errors.py",
