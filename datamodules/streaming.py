@@ -125,7 +125,7 @@ class StreamedItems(Dataset):
         read_timeout_s: how long a read may keep failing before the run ends.
     """
 
-    def __init__(self, url: str, cache_dir: str, max_cache_size: str | int = "10GB",
+    def __init__(self, url: str, cache_dir: str, max_cache_size: str | int = "25GB",
                  read_timeout_s: float = 120.0) -> None:
         self.url = url
         self.cache_dir = cache_dir
@@ -268,7 +268,7 @@ class _StreamingDataModule(pl.LightningDataModule):
     kind = ""
 
     def __init__(self, url: str, batch_size: int, shuffle_seed: int = 0, shuffle_window: int = 4,
-                 num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "10GB",
+                 num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "25GB",
                  read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
         super().__init__()
         name = type(self).__name__
@@ -398,7 +398,7 @@ class StreamingImageDataModule(_StreamingDataModule):
     kind = "images"
 
     def __init__(self, url: str, batch_size: int = 32, shuffle_seed: int = 0, shuffle_window: int = 4,
-                 num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "10GB",
+                 num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "25GB",
                  read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
         super().__init__(url, batch_size, shuffle_seed, shuffle_window, num_workers, cache_dir, max_cache_size,
                          read_timeout_s, index_digest)
@@ -456,7 +456,7 @@ class StreamingTextDataModule(_StreamingDataModule):
 
     def __init__(self, url: str, block_size: int = 128, batch_size: int = 16, shuffle_seed: int = 0,
                  shuffle_window: int = 4, num_workers: int = 0, cache_dir: str = "data/cache/stream",
-                 max_cache_size: str = "10GB", read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
+                 max_cache_size: str = "25GB", read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
         super().__init__(url, batch_size, shuffle_seed, shuffle_window, num_workers, cache_dir, max_cache_size,
                          read_timeout_s, index_digest)
         self.block_size = block_size
