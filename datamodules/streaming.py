@@ -304,7 +304,7 @@ class _StreamingDataModule(pl.LightningDataModule):
                 raise FileNotFoundError(f"{name}(url={self.url!r}): the dataset there is not completely prepared; "
                                         "run the same python -m recipes.prepare command again to finish it.")
             if meta.get("kind") != self.kind:
-                raise ValueError(f"{name}(url={self.url!r}) holds {meta.get('kind')!r} data, not {self.kind!r}.")
+                raise RuntimeError(f"{name}(url={self.url!r}) holds {meta.get('kind')!r} data, not {self.kind!r}.")
             self._meta = meta
         return self._meta
 
@@ -314,7 +314,7 @@ class _StreamingDataModule(pl.LightningDataModule):
             self.meta  # noqa: B018 - a missing or unfinished dataset is named first
             self._digest = index_digest(self.url)
             if self.index_digest is not None and self._digest != self.index_digest:
-                raise ValueError(f"{type(self).__name__}(url={self.url!r}): the data there has index digest "
+                raise RuntimeError(f"{type(self).__name__}(url={self.url!r}): the data there has index digest "
                                  f"{self._digest[:12]}, not the {self.index_digest[:12]} asked for (index_digest): "
                                  "it was prepared again from other data since.")
         return self._digest
@@ -385,7 +385,8 @@ class StreamingImageDataModule(_StreamingDataModule):
         index_digest: when set, the data at ``url`` must have this index digest (``recipes.reproduce`` pins it).
 
     Raises:
-        ValueError: for a bad value (named), data of another kind, or another index digest than ``index_digest``.
+        ValueError: for a bad value (named).
+        RuntimeError: when ``url`` holds data of another kind, or another index digest than ``index_digest``.
         FileNotFoundError: when ``url`` holds no complete prepared dataset.
 
     Example::
@@ -447,7 +448,9 @@ class StreamingTextDataModule(_StreamingDataModule):
         index_digest: when set, the data at ``url`` must have this index digest.
 
     Raises:
-        ValueError: for a bad value (named), or a ``block_size`` other than the prepared one.
+        ValueError: for a bad value (named).
+        RuntimeError: for a ``block_size`` other than the prepared one, data of another kind, or another index
+            digest than ``index_digest``.
         FileNotFoundError: when ``url`` holds no complete prepared dataset.
     """
 
@@ -461,12 +464,20 @@ class StreamingTextDataModule(_StreamingDataModule):
                          read_timeout_s, index_digest)
         self.block_size = block_size
 
-    @override
-    def setup(self, stage: str | None = None) -> None:
+    def _check_block_size(self) -> None:
         prepared = int(self.meta["block_size"])
         if prepared != self.block_size:
-            raise ValueError(f"StreamingTextDataModule(block_size={self.block_size!r}): the data at {self.url} was "
-                             f"prepared with block_size {prepared}.")
+            raise RuntimeError(f"StreamingTextDataModule(block_size={self.block_size!r}): the data at {self.url} was "
+                               f"prepared with block_size {prepared}.")
+
+    @override
+    def prepare_data(self) -> None:
+        super().prepare_data()
+        self._check_block_size()
+
+    @override
+    def setup(self, stage: str | None = None) -> None:
+        self._check_block_size()
         super().setup(stage)
 
     @override
