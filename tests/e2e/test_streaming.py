@@ -21,7 +21,7 @@ import pytest
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from datamodules.streaming import StreamingImageDataModule, index_digest
-from recipes import prepare
+from recipes import prepare, reproduce
 from tests.conftest import (
     CONFIGS,
     FAST,
@@ -248,7 +248,8 @@ GPT = ("--trainer.max_steps", "40", "--trainer.val_check_interval", "40", "--mod
 
 
 def test_streamed_gpt_reaches_the_in_memory_val_bpb(moto_s3: S3Server, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     url = f"s3://{BUCKET}/stdlib"
     moto_s3.make_bucket(BUCKET)
     for key, value in moto_s3.env.items():
@@ -269,3 +270,8 @@ def test_streamed_gpt_reaches_the_in_memory_val_bpb(moto_s3: S3Server, tmp_path:
     bpb, reference_bpb = streamed_gpt.data.metrics["val/bpb"], in_memory.data.metrics["val/bpb"]
     print(f"val/bpb streamed {bpb:.4f}, in memory {reference_bpb:.4f}")
     assert bpb == pytest.approx(reference_bpb, abs=BPB_TOLERANCE)
+    # recipes.reproduce builds the streamed datamodule from the record: the same URL, the same index digest
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    capsys.readouterr()
+    assert reproduce.main([streamed_gpt.info.run_id, "--dry_run"]) == 0
+    assert "The code, software, data and machine match the run's manifest." in capsys.readouterr().out
