@@ -87,6 +87,7 @@ from .utils.drills import FireDrill
 from .utils.resume_record import ELASTIC_TAG, lost_steps, tag_elastic  # noqa: F401 (ELASTIC_TAG: tests import it)
 from .utils.rng import restore_rank_rng, rng_state, set_rng_state  # noqa: F401 (tests import it from here)
 from .utils.save_schedule import SaveSchedule
+from .utils.steps_file import PROGRESS_FILE, read_steps_run
 from .utils.watchdog import HangWatchdog, PeerBoard, kill_children, rendezvous_store
 
 if TYPE_CHECKING:
@@ -222,6 +223,7 @@ class SpotCheckpoint(Callback):
         self._pending_rng: list[dict[str, Any]] | None = None
         self._last_saved_step: int | None = None  # a step saved once is not saved again at its epoch's end
         self._resumed_step: int | None = None
+        self._saved_lost = 0
         self._watchdog: HangWatchdog | None = None
         self._paused_log_every = 0  # log_every_n_steps, paused for the step a notice stops at
         self._hang_record: tuple[Any, str] | None = None  # (MLflow client, run id) a hang marks KILLED (rank 0)
@@ -418,7 +420,8 @@ class SpotCheckpoint(Callback):
             restore_rank_rng(states, trainer.global_rank)
             self._pending_rng = None
         if self._resumed_step is not None and trainer.is_global_zero:
-            self._log(trainer, {"spot/lost_steps": lost_steps(trainer.loggers, self._resumed_step)})
+            lost = lost_steps(trainer.loggers, self._resumed_step, self._steps_run(trainer), self._saved_lost)
+            self._log(trainer, {"spot/lost_steps": lost})
         if isinstance(trainer.strategy.model, DistributedDataParallel):
             pin_bucket_layout(trainer.strategy.model)  # a resume at 3+ ranks reduces as the uninterrupted run
         self.schedule.restart_clock()
@@ -555,6 +558,19 @@ class SpotCheckpoint(Callback):
         meta = checkpoint.get(RUN_METADATA_KEY) or {}
         self._pending_rng = meta.get("rng")
         self._resumed_step = int(checkpoint.get("global_step", 0))
+        # CostTracker's count of lost steps up to this checkpoint, when it ran beside (one count: see lost_steps)
+        self._saved_lost = max([int(state.get("lost_steps", 0)) for state in checkpoint.get("callbacks", {}).values()
+                                if isinstance(state, dict)] or [0])
+
+    @staticmethod
+    def _steps_run(trainer: Trainer) -> int | None:
+        """The steps file's count of every step run (CostTracker's, beside the checkpoints), if there is one."""
+        places = [Path(trainer.ckpt_path).parent] if trainer.ckpt_path else []
+        callback = trainer.checkpoint_callback
+        if callback is not None and getattr(callback, "dirpath", None):
+            places.append(Path(callback.dirpath))
+        found = [n for n in (read_steps_run(place / PROGRESS_FILE) for place in places) if n is not None]
+        return max(found) if found else None
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,8 @@ Asserted from the MLflow run, every launch's logged points:
   to rounding: the ledger files every second of the bill's clock);
 - ``goodput/redone_s`` equals ``cost/lost_steps`` x the mean step time (``cost/lost_work_usd`` over the price:
   the same count, one figure) within 5 % (exact by construction, to rounding);
-- the lost steps are the ones the resume point implies, in ``cost/lost_steps`` and in the summary table;
+- the lost steps are the ones the resume point implies, in ``cost/lost_steps``, ``spot/lost_steps`` (summed over
+  the resumes) and the summary table;
 - the summary table gains the goodput share, the largest badputs and the measured reruns; ``goodput.png``.
 """
 
@@ -56,8 +57,8 @@ def interrupted_twice(workdir: Path, *extra: str) -> tuple[list, str, int]:
     assert third.returncode == 0, third.stderr[-3000:]
     (run,) = runs_of(workdir, "digits")
     client = client_for(workdir)
-    keys = ["cost/billed_s", "cost/lost_steps", "cost/lost_work_usd", "cost/instances", "goodput/share",
-            *(f"goodput/{c}_s" for c in CATEGORIES)]
+    keys = ["cost/billed_s", "cost/lost_steps", "spot/lost_steps", "cost/lost_work_usd", "cost/instances",
+            "goodput/share", *(f"goodput/{c}_s" for c in CATEGORIES)]
     points: dict[tuple[int, int], dict[str, float]] = {}
     for key in keys:
         for m in client.get_metric_history(run.info.run_id, key):
@@ -73,6 +74,8 @@ def check(points: list[dict[str, float]], output: str, lost: int) -> None:
         assert total == pytest.approx(point["cost/billed_s"], rel=SUM_TOLERANCE), point
     final = complete[-1]
     assert final["cost/lost_steps"] == lost
+    # SpotCheckpoint's count at each resume is the same count (the loss history alone, logged every 5 steps, says 15)
+    assert sum(p["spot/lost_steps"] for p in points if "spot/lost_steps" in p) == lost
     # the same count: lost x mean step x instances x $4.42/h (a3-highgpu-1g spot; DDP bills 2 instances)
     mean_step_s = final["cost/lost_work_usd"] / lost / final["cost/instances"] / (4.42 / 3600)
     assert final["goodput/redone_s"] == pytest.approx(lost * mean_step_s, rel=REDONE_TOLERANCE), final
