@@ -190,8 +190,9 @@ class AtscaleCLI(LightningCLI):
         parser.add_lightning_class_args(SpotCheckpoint, "spot")
         parser.add_lightning_class_args(CostTracker, "cost")
         parser.add_lightning_class_args(ElasticResume, "elastic")
-        # dollars move slowly: a point every 100 steps draws the curve at a tenth of the store writes
-        parser.set_defaults({"cost.log_every_n_steps": 100})
+        # dollars move slowly: a point every 100 steps draws the curve at a tenth of the store writes; the bill
+        # starts at the process's spawn, so a launch's imports are paid and show as start-up in the ledger
+        parser.set_defaults({"cost.log_every_n_steps": 100, "cost.bill_from": "spawn"})
 
     # ------------------------------------------------------------ run context
     def before_instantiate_classes(self) -> None:
