@@ -337,8 +337,8 @@ def test_auto_interval_is_dalys_optimum_for_the_measured_save(caplog: pytest.Log
         spot._choose_interval(_StubRankZero(), save_cost_s=300.0)  # a 5-minute save
     assert spot.interval_s is not None
     assert spot.interval_s / 60 == pytest.approx(116.7, abs=0.05)  # Daly's published case
-    assert caplog.messages == ["SpotCheckpoint(every_minutes='auto'): saving every 116.7 min (Daly's optimum for a "
-                               "300.00 s save and a 24.0 h MTBF)."]
+    assert caplog.messages == ["SpotCheckpoint(every_minutes='auto'): saving every 116.7 min (Daly's optimum for the "
+                               "first save's 300.00 s loop stall and a 24.0 h MTBF)."]
 
 
 def test_fixed_interval_far_from_optimum_warns(caplog: pytest.LogCaptureFixture) -> None:
@@ -502,8 +502,8 @@ def test_auto_interval_in_a_real_trainer_comes_from_the_measured_save(tmp_path: 
     assert logged["spot/save_cost_s"] == 300.0
     assert logged["spot/interval_s"] == logged["spot/optimal_interval_s"] == pytest.approx(daly, rel=1e-12)
     assert [r.getMessage() for r in caplog.records if r.name == "callbacks.utils.save_schedule"] == [
-        "SpotCheckpoint(every_minutes='auto'): saving every 116.7 min (Daly's optimum for a 300.00 s save and a "
-        "24.0 h MTBF)."]
+        "SpotCheckpoint(every_minutes='auto'): saving every 116.7 min (Daly's optimum for the first save's 300.00 s "
+        "loop stall and a 24.0 h MTBF)."]
 
 
 def test_pruning_runs_on_the_writer_after_the_new_save_is_published(tmp_path: Path,
