@@ -94,6 +94,10 @@ def read_text(url: str) -> str | None:
 def index_digest(url: str) -> str:
     """SHA-256 of the dataset's chunk index: ``atscale.json`` (every chunk's SHA-256) and each split's index.json.
 
+    What the data *is*, not when it was written: litdata stamps each index.json with its write time
+    (``updated_at``), which is left out, and so are the index files' own hashes in ``atscale.json`` (they hash
+    that stamp). The same source prepared twice has one digest; any changed chunk or layout changes it.
+
     Raises:
         FileNotFoundError: when ``url`` holds no complete prepared dataset.
     """
@@ -103,8 +107,19 @@ def index_digest(url: str) -> str:
         if text is None:
             raise FileNotFoundError(f"{join(url, name)}: no such file; prepare the data first "
                                     f"(python -m recipes.prepare ... --output {url})")
-        digest.update(name.encode() + b"\0" + text.encode() + b"\0")
+        content = _without_write_times(json.loads(text))
+        digest.update(name.encode() + b"\0" + json.dumps(content, sort_keys=True).encode() + b"\0")
     return digest.hexdigest()
+
+
+def _without_write_times(value: Any) -> Any:
+    """``value`` less litdata's ``updated_at`` stamps and the hashes of the files that hold them."""
+    if isinstance(value, dict):
+        return {key: _without_write_times(item) for key, item in value.items()
+                if key != "updated_at" and not key.endswith("index.json")}
+    if isinstance(value, list):
+        return [_without_write_times(item) for item in value]
+    return value
 
 
 class StreamUnavailable(RuntimeError):

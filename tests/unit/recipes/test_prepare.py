@@ -63,3 +63,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.Mo
         if message is not None:
             assert err == message
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.e2e
+def test_the_same_data_prepared_twice_has_the_same_index_digest(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """litdata stamps each index.json with the time it was written: the digest a run records must not change with it."""
+    monkeypatch.chdir(tmp_path)
+    digests = []
+    for name in ("first", "second"):
+        assert prepare.main([*DIGITS, "--output", str(tmp_path / name), "--staging", str(tmp_path / f"s-{name}")]) == 0
+        digests.append(index_digest(str(tmp_path / name)))
+    assert digests[0] == digests[1]
+    assert (tmp_path / "first/train/index.json").read_text() != (tmp_path / "second/train/index.json").read_text()
