@@ -255,9 +255,32 @@ def check_destination(fs: Any, root: str, url: str, meta: dict[str, Any]) -> dic
 
 
 # ------------------------------------------------------------------------------------------------------ steps
+#: Items the split being made has written so far: shared with litdata's forked worker, read by the progress bar.
+_items_done: Any = None
+
+
+def _counted(fn: Callable[[int], Any]) -> Callable[[int], Any]:
+    """``fn``, counting its calls in :data:`_items_done` (litdata's own bar moves only when a worker ends)."""
+
+    def item(index: int) -> Any:
+        _items_done.value += 1
+        return fn(index)
+
+    return item
+
+
 def make_chunks(staging: Path, fns: dict[str, tuple[Callable[[int], Any], int]], chunk_items: int) -> None:
-    """Each split's chunks under ``staging/<split>`` with ``litdata.optimize``; a split already made is kept."""
+    """Each split's chunks under ``staging/<split>`` with ``litdata.optimize``; a split already made is kept.
+
+    litdata's notes and its bar go to ``staging/<split>.log``; the terminal shows one bar per split, fed by the
+    items the worker has written.
+    """
+    global _items_done
+    import multiprocessing
+    import threading
+
     from litdata import optimize
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     for split, (fn, count) in fns.items():
         folder = staging / split
@@ -267,11 +290,40 @@ def make_chunks(staging: Path, fns: dict[str, tuple[Callable[[int], Any], int]],
         shutil.rmtree(folder, ignore_errors=True)  # a split cut short by a kill is made again whole
         scratch = staging / f".{split}.tmp"
         shutil.rmtree(scratch, ignore_errors=True)
-        print(f"{split}: writing {count} items in chunks of {chunk_items}", file=sys.stderr)
-        with contextlib.redirect_stdout(sys.stderr):  # litdata's progress and notes: stdout keeps the one answer
-            optimize(fn=fn, inputs=list(range(count)), output_dir=str(scratch), chunk_size=chunk_items,
-                     num_workers=1, mode="overwrite", start_method="fork")
+        _items_done = multiprocessing.Value("q", 0, lock=False)  # before the fork: the worker inherits it
+        finished = threading.Event()
+        log_path = staging / f".{split}.log"
+        with Progress(TextColumn(f"{split}: chunks of {chunk_items}"), BarColumn(), MofNCompleteColumn(),
+                      TimeRemainingColumn(), console=_stderr_console(), transient=False) as bar:
+            task = bar.add_task(split, total=count)
+
+            def follow(task: Any = task, bar: Progress = bar, finished: threading.Event = finished,
+                       done: Any = _items_done) -> None:
+                while not finished.wait(0.2):
+                    bar.update(task, completed=done.value)
+
+            follower = threading.Thread(target=follow, name="prepare-progress", daemon=True)
+            follower.start()
+            try:
+                with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                    optimize(fn=_counted(fn), inputs=list(range(count)), output_dir=str(scratch),
+                             chunk_size=chunk_items, num_workers=1, mode="overwrite", start_method="fork")
+            except Exception as err:
+                raise RuntimeError(f"{split}: litdata could not write the chunks ({err}); its log: {log_path}") \
+                    from err
+            finally:
+                finished.set()
+                follower.join()
+            bar.update(task, completed=_items_done.value)
+        if _items_done.value != count:
+            raise RuntimeError(f"{split}: litdata wrote {_items_done.value} of {count} items; its log: {log_path}")
         scratch.rename(folder)
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 def chunk_digests(staging: Path) -> dict[str, str]:
