@@ -47,6 +47,8 @@ SCRIPT: list[tuple[str, list[str], int]] = [
     # no network here (and a closed proxy in the test): the README says a missing data folder is exit 2
     ("python -m recipes.fit --config configs/digits.yaml --experiment mnist --data datamodules.vision.MNISTDataModule "
      "--data.init_args.root data/ --model.init_args.in_channels 1", SHORT, 2),
+    ("python -m recipes.prepare digits --output data/stream/digits", [], 0),
+    ("python -m recipes.fit --config configs/digits-stream.yaml", SHORT, 0),
     ("python -m recipes.fit --config configs/gpt.yaml", ["--trainer.max_steps", "20", "--run_name", "gpt"], 0),
     ('python -m recipes.sample --ckpt runs/gpt/<run>/checkpoints/step=00000300.ckpt --prompt "def "', [], 0),
     ("python -m recipes.plan --step-time 3 --steps 10000 --serial-fraction 0.05 --instance a3-highgpu-1g", [], 0),
