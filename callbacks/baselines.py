@@ -5,7 +5,8 @@ this callback fits scikit-learn's ``DummyClassifier`` and ``LogisticRegression``
 datamodule's flat arrays (``baseline_arrays()``: the same train/val split the model sees) and logs
 their validation accuracy, and, when the module has a ``cost_matrix`` (a classifier's misclassification
 costs, see :mod:`.analysis.decision_cost`), what their decisions cost. A datamodule without
-``baseline_arrays`` is skipped with a note.
+``baseline_arrays`` is skipped with a note. The figures are kept in the checkpoint: a resumed run (which
+logged them already) neither fits them again nor imports scikit-learn's models, a relaunch's start-up.
 
 =========================================  ==================================================================
 key                                        meaning
@@ -24,16 +25,11 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.callbacks import Callback
-from sklearn.dummy import DummyClassifier
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 from typing_extensions import override
 
 from .analysis.decision_cost import bayes_decisions, check_cost_matrix, expected_cost
@@ -55,6 +51,13 @@ def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y
     With a ``cost_matrix`` (rows = truth, columns = decision; labels are its indices) also the mean cost
     of their decisions, and of the logistic regression's Bayes decisions under its probabilities.
     """
+    # here, not at the top: a resumed run restores its figures and never needs the models (a relaunch's start-up)
+    from sklearn.dummy import DummyClassifier
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
     majority = DummyClassifier(strategy="most_frequent").fit(x_train, y_train)
     linear = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter))
     with warnings.catch_warnings():
@@ -78,7 +81,10 @@ def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y
 
 
 class Baselines(Callback):
-    """Fit and log the baselines once per run (rank 0), and keep them for the end summary.
+    """Fit and log the baselines once per run (rank 0), and keep them for the end summary and the checkpoint.
+
+    A fit resumed from a checkpoint with the figures (restored before ``on_fit_start``) fits and logs nothing:
+    the run logged them at its start. A strategy that restores checkpoints after setup (FSDP) fits them again.
 
     Args:
         metric: the model's metric the baselines compare with (for the summary's lift column).
@@ -106,6 +112,14 @@ class Baselines(Callback):
         self.results = fit_baselines(*datamodule.baseline_arrays(), cost_matrix=costs)
         for logger in trainer.loggers:
             logger.log_metrics(self.results, step=0)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"results": dict(self.results)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.results = {str(k): float(v) for k, v in state_dict.get("results", {}).items()}
 
     def model_key(self, key: str) -> str:
         """The model's metric a baseline is compared with: its expected cost for a cost, else ``metric``."""

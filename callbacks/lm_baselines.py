@@ -5,7 +5,8 @@ how much the network learned beyond byte frequencies and pairs. At fit start thi
 the datamodule for ``baseline_bits_per_byte()`` (``{"unigram": ..., "bigram": ...}``: add-one
 smoothed models counted on the train split and scored on the validation bytes, as
 ``datamodules.text.TextDataModule`` provides) and logs the results from rank 0. A datamodule
-without that method is skipped with a note.
+without that method is skipped with a note. The figures are kept in the checkpoint: a resumed run
+(which logged them already) does not count them again at its start.
 
 =========================  =====================================================
 key                        meaning
@@ -20,7 +21,7 @@ Copy with it: nothing; this file works alone.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -60,6 +61,14 @@ class LMBaselines(Callback):
                         for name, value in datamodule.baseline_bits_per_byte().items()}
         for logger in trainer.loggers:
             logger.log_metrics(self.results, step=0)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"results": dict(self.results)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.results = {str(k): float(v) for k, v in state_dict.get("results", {}).items()}
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """Rows for the end summary: each baseline and the model's difference from it (negative: better)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 from types import SimpleNamespace
 
@@ -97,3 +98,28 @@ def test_no_baseline_arrays_or_another_rank_fits_nothing(caplog: pytest.LogCaptu
     partial = Baselines(metric="val/f1")
     partial.results = {"baseline/linear_acc": 0.75}
     assert partial.summary_rows({}) == [("baseline/linear_acc", "0.7500")]  # the model's metric not logged
+
+
+def test_a_resumed_fit_restores_the_figures_instead_of_fitting_again() -> None:
+    logger = RecordingLogger()
+    trainer = SimpleNamespace(is_global_zero=True, datamodule=_Arrays(), loggers=[logger])
+    first = Baselines()
+    first.on_fit_start(trainer, SimpleNamespace(cost_matrix=None))  # type: ignore[arg-type]
+    state = torch.load(_saved(first.state_dict()), weights_only=True)  # a checkpoint, loaded as a resume does
+    assert state == {"results": {"baseline/majority_acc": 0.25, "baseline/linear_acc": 0.75}}
+    resumed = Baselines()
+    resumed.load_state_dict(state)
+    resumed.on_fit_start(trainer, SimpleNamespace(cost_matrix=None))  # type: ignore[arg-type]
+    assert len(logger.calls) == 1  # the first launch's log only: the run holds the figures
+    assert resumed.summary_rows({"val/acc": 0.9}) == first.summary_rows({"val/acc": 0.9})
+    old = Baselines()
+    old.load_state_dict({})  # a checkpoint written before the figures were kept: fitted again at fit start
+    old.on_fit_start(trainer, SimpleNamespace(cost_matrix=None))  # type: ignore[arg-type]
+    assert len(logger.calls) == 2 and old.results == first.results
+
+
+def _saved(state: dict) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
