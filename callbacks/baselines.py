@@ -5,8 +5,8 @@ this callback fits scikit-learn's ``DummyClassifier`` and ``LogisticRegression``
 datamodule's flat arrays (``baseline_arrays()``: the same train/val split the model sees) and logs
 their validation accuracy, and, when the module has a ``cost_matrix`` (a classifier's misclassification
 costs, see :mod:`.analysis.decision_cost`), what their decisions cost. A datamodule without
-``baseline_arrays`` is skipped with a note. The figures are kept in the checkpoint: a resumed run (which
-logged them already) neither fits them again nor imports scikit-learn's models, a relaunch's start-up.
+``baseline_arrays`` is skipped with a note. The figures are kept in the checkpoint: a resumed fit logs them
+from there, and neither fits them again nor imports scikit-learn's models (a relaunch's start-up).
 
 =========================================  ==================================================================
 key                                        meaning
@@ -83,8 +83,9 @@ def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y
 class Baselines(Callback):
     """Fit and log the baselines once per run (rank 0), and keep them for the end summary and the checkpoint.
 
-    A fit resumed from a checkpoint with the figures (restored before ``on_fit_start``) fits and logs nothing:
-    the run logged them at its start. A strategy that restores checkpoints after setup (FSDP) fits them again.
+    A fit resumed from a checkpoint with the figures (restored before ``on_fit_start``) logs those instead of
+    fitting again (a continued MLflow run leaves out the points it holds). A strategy that restores checkpoints
+    after setup (FSDP) fits them again.
 
     Args:
         metric: the model's metric the baselines compare with (for the summary's lift column).
@@ -98,11 +99,15 @@ class Baselines(Callback):
     def __init__(self, metric: str = "val/acc") -> None:
         self.metric = metric
         self.results: dict[str, float] = {}
+        self._logged = False  # by this fit or an earlier one of this instance (a fit twice logs once)
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         datamodule = trainer.datamodule
-        if not trainer.is_global_zero or self.results:
+        if not trainer.is_global_zero or self._logged:
+            return
+        if self.results:  # restored from the checkpoint: logged as the first launch did, not fitted again
+            self._log(trainer)
             return
         if datamodule is None or not hasattr(datamodule, "baseline_arrays"):
             log.info("Baselines: the datamodule has no baseline_arrays(); skipped.")
@@ -110,8 +115,12 @@ class Baselines(Callback):
         costs = getattr(pl_module, "cost_matrix", None)
         costs = None if costs is None else costs.detach().cpu().double().numpy()
         self.results = fit_baselines(*datamodule.baseline_arrays(), cost_matrix=costs)
+        self._log(trainer)
+
+    def _log(self, trainer: Trainer) -> None:
         for logger in trainer.loggers:
             logger.log_metrics(self.results, step=0)
+        self._logged = True
 
     @override
     def state_dict(self) -> dict[str, Any]:

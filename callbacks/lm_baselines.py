@@ -5,8 +5,8 @@ how much the network learned beyond byte frequencies and pairs. At fit start thi
 the datamodule for ``baseline_bits_per_byte()`` (``{"unigram": ..., "bigram": ...}``: add-one
 smoothed models counted on the train split and scored on the validation bytes, as
 ``datamodules.text.TextDataModule`` provides) and logs the results from rank 0. A datamodule
-without that method is skipped with a note. The figures are kept in the checkpoint: a resumed run
-(which logged them already) does not count them again at its start.
+without that method is skipped with a note. The figures are kept in the checkpoint: a resumed fit
+logs them from there instead of counting them again at its start.
 
 =========================  =====================================================
 key                        meaning
@@ -48,10 +48,14 @@ class LMBaselines(Callback):
     def __init__(self, metric: str = "val/bpb") -> None:
         self.metric = metric
         self.results: dict[str, float] = {}
+        self._logged = False  # by this fit or an earlier one of this instance (a fit twice logs once)
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero or self.results:
+        if not trainer.is_global_zero or self._logged:
+            return
+        if self.results:  # restored from the checkpoint: logged as the first launch did, not counted again
+            self._log(trainer)
             return
         datamodule = trainer.datamodule
         if datamodule is None or not hasattr(datamodule, "baseline_bits_per_byte"):
@@ -59,8 +63,12 @@ class LMBaselines(Callback):
             return
         self.results = {f"baseline/{name}_bpb": float(value)
                         for name, value in datamodule.baseline_bits_per_byte().items()}
+        self._log(trainer)
+
+    def _log(self, trainer: Trainer) -> None:
         for logger in trainer.loggers:
             logger.log_metrics(self.results, step=0)
+        self._logged = True
 
     @override
     def state_dict(self) -> dict[str, Any]:
