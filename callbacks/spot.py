@@ -47,7 +47,7 @@ key                        meaning
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
 ``storage/{ckpt_store,safe_load,remote_store}.py``,
-``utils/{notices,rng,compat,agreement,watchdog,save_schedule,drills,resume_record,comm_hooks}.py``,
+``utils/{notices,rng,compat,agreement,watchdog,save_schedule,drills,resume_record,comm_hooks,steps_file}.py``,
 ``analysis/ckpt_interval.py``.
 """
 

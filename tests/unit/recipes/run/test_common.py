@@ -75,7 +75,8 @@ BAD_ARGUMENTS = [
     ("sweep", ["--config", "c.yaml", "--space", "s.yaml", "--trials", "x"],
      "error: argument --trials: invalid int value: 'x'"),
     ("bench.cli", ["nonsense"], "error: argument command: invalid choice: 'nonsense' (choose from 'overhead', "
-                            "'checkpoint', 'chaos', 'contention', 'compression', 'gpu', 'lm', 'startup', 'fit')"),
+                            "'checkpoint', 'chaos', 'contention', 'compression', 'gpu', 'lm', 'startup', 'stream', "
+                            "'fit')"),
 ]
 
 
