@@ -579,7 +579,10 @@ class CostTracker(Callback):
             ratio = None
         rows = [("goodput", f"{final['goodput/share']:.1%} of {final['cost/billed_s']:.1f} s billed bought steps "
                             f"that count ({seconds['productive']:.1f} s, {_usd(usd['productive'])})")]
-        for category, dollars in goodput.largest_badputs(usd):
+        # on a free instance (cpu-local) every badput is $0: the largest are then the longest
+        ranked = goodput.largest_badputs(usd if any(v > 0 for v in usd.values()) else seconds)
+        for category, _ in ranked:
+            dollars = usd[category]
             text = f"{_usd(dollars)} {self.market.replace('_', '-')}"
             if ratio is not None:
                 text += f" / {_usd(dollars * ratio)} {other.replace('_', '-')}"

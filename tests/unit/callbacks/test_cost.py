@@ -120,6 +120,17 @@ def test_uninterrupted_run_by_hand(tmp_path: Path, clock: FakeTime) -> None:
     assert (final["goodput/productive_s"], final["goodput/startup_s"], final["goodput/share"]) == (20.0, 3.0, 20 / 23)
 
 
+def test_a_free_instance_names_its_largest_badputs_by_time(tmp_path: Path, clock: FakeTime) -> None:
+    """On a $0 machine (the default cpu-local) every badput costs $0: the largest are still named, by seconds."""
+    logger = RecordingLogger()
+    tracker = CostTracker(instance="cpu-local", log_every_n_steps=5, plot=False)
+    clock.advance(3.0)
+    _trainer(tmp_path, [tracker], logger).fit(TimedModel(clock))
+    rows = dict(tracker.summary_rows({}))
+    assert rows["goodput"] == "87.0% of 23.0 s billed bought steps that count (20.0 s, $0.0000)"
+    assert rows["  badput: start-up"] == "3.0 s, $0.0000 on-demand"  # cpu-local has no spot price
+
+
 def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: Path, clock: FakeTime) -> None:
     ckpt = tmp_path / "checkpoints" / "step=4.ckpt"
     # Attempt 1: the clock starts at construction (t = 0); checkpoint after step 4 (8 s billed, saved at
