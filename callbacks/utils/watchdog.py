@@ -235,6 +235,9 @@ class HangWatchdog:
     def stop(self) -> None:
         """Stop watching and give the wakeup descriptor back."""
         self._stop.set()
+        if self._pipe is not None:  # wake the thread from its select() on the pipe (byte 0 is no signal)
+            with contextlib.suppress(OSError):
+                os.write(self._pipe[1], b"\0")
         if self._thread is not None:
             self._thread.join(timeout=5 * self.period_s)
             self._thread = None

@@ -184,3 +184,16 @@ def test_a_store_that_stops_answering_is_read_once_not_once_per_rank() -> None:
 
     assert PeerBoard(Hung(), rank=1, world_size=4).read() == {0: None, 1: None, 2: None, 3: None}
     assert Hung.calls == 1
+
+
+def test_stop_wakes_the_thread_instead_of_waiting_out_its_period() -> None:
+    """The thread sleeps in select() on the signal pipe; stop() used to wait for it to wake on its own: every run's
+    end of training waited up to a period (1 s) for the watchdog."""
+    dog = HangWatchdog(lambda line: None, rank=0, notice_signals={signal.SIGTERM}, period_s=120.0)
+    dog.start()
+    thread = dog._thread
+    assert thread is not None and thread.is_alive()
+    started = time.monotonic()
+    dog.stop()  # from the main thread, as SpotCheckpoint does (it gives the wakeup descriptor back)
+    assert time.monotonic() - started < 60.0  # half the period: only a woken thread ends before it
+    assert not thread.is_alive()
