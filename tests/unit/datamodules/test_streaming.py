@@ -71,3 +71,39 @@ def test_reason_names_an_s3_error_code() -> None:
     assert _reason(ClientError("x")) == "NoSuchBucket: The specified bucket does not exist"
     assert _reason(ConnectionError("refused\n  by peer")) == "ConnectionError: refused by peer"
     assert issubclass(StreamUnavailable, RuntimeError)
+
+
+@pytest.mark.e2e  # litdata.optimize starts a worker process
+def test_items_come_from_chunks_decoded_whole_and_equal_litdatas(tmp_path, monkeypatch) -> None:
+    """Each chunk is decoded once while it stays among the last ``decoded_chunks``; every item equals litdata's."""
+    from litdata import StreamingDataset
+
+    from datamodules.streaming import StreamedItems
+    from recipes import prepare
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "digits"
+    assert prepare.main(["digits", "--chunk_items", "16", "--max_items", "80", "--output", str(out)]) == 0
+    items = StreamedItems(str(out / "train"), str(tmp_path / "cache"), decoded_chunks=2)
+    plain = StreamingDataset(str(out / "train"), cache_dir=str(tmp_path / "plain"))
+    reads = collections.Counter()
+    stream_get = type(plain).__getitem__
+
+    def counted(self, index):
+        reads[index] += 1
+        return stream_get(self, index)
+
+    monkeypatch.setattr(type(plain), "__getitem__", counted)
+    sizes = items.chunk_sizes()
+    assert sum(sizes) == len(items) and sizes[0] == 16
+    order = [17, 3, 20, 0, 31, 16, 15, 40, 2]  # chunks 1, 0, 1, 0, 1, 1, 0, 2, 0
+    got = [items[i] for i in order]
+    expected = [stream_get(plain, i) for i in order]
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a["x"] if torch.is_tensor(a["x"]) else torch.as_tensor(a["x"]),
+                           b["x"] if torch.is_tensor(b["x"]) else torch.as_tensor(b["x"])) and a["y"] == b["y"]
+    # chunks 0 and 1 decoded once each while both fit; chunk 2 evicts chunk 1 (the least recent), and chunk 0 stays
+    assert sorted(k for k, n in reads.items() if n) == list(range(0, 32)) + list(range(32, 48))
+    assert set(reads.values()) == {1}
+    with pytest.raises(IndexError):
+        items[len(items)]
