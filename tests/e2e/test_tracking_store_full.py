@@ -138,7 +138,7 @@ def test_lost_points_that_no_checkpoint_kept_are_named_by_the_relaunch(tmp_path:
 
 def test_a_store_that_cannot_be_created_on_a_full_disk_is_one_line_and_leaves_nothing(
         tmp_path: Path, small_mount: Callable[[str], Path], fit_in_process: Callable[..., CliResult]) -> None:
-    store = small_mount("size=1m")
+    store = small_mount("size=4m")  # the relaunch after the filler goes needs room for a whole run
     fill(store)
     uri = f"sqlite:///{store / 'mlflow.db'}"
     result = fit_in_process(*ARGS, MLFLOW_TRACKING_URI=uri)
