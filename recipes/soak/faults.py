@@ -174,7 +174,8 @@ class Fault:
     furthest_step: int | None = None  # steps the struck launch(es) had logged
     resumable_after: int | None = None  # newest good step right after the fault (soak's view)
     next_resumed_from: int | None = None
-    lost_steps: int | None = None
+    lost_steps: int | None = None  # from the loss history: a lower bound when a launch was SIGKILLed
+    unlogged_max: int | None = 0  # the most steps the struck launch(es) ran past their history; None: unknown
     time_to_resume_s: float | None = None
     next_launch_wall_s: float | None = None
     problems: list[dict[str, str]] = field(default_factory=list)

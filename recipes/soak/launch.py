@@ -7,6 +7,7 @@ soak judges a launch from what a user would see of it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -43,6 +44,8 @@ class Launch:
     decided: bool = False  # printed a resume line, or trained (from step 0 then)
     first_step_s: float | None = None  # start -> first train/loss logged
     furthest_step: int | None = None  # steps completed by the furthest train/loss it logged
+    # SIGKILLed: the most steps it can have completed past furthest_step (losses still in MLflow's queue); None: unknown
+    unlogged_max: int | None = 0
     traceback: bool = False
     error_line: str | None = None
     skipped_corrupt: list[str] = field(default_factory=list)
@@ -80,6 +83,23 @@ class Launch:
 
     def record(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("t0", "proc")}
+
+
+def unlogged_bound(steps: list[tuple[int, int]], end_s: float) -> int | None:
+    """The most optimizer steps a launch can have completed after its last logged loss and before ``end_s``.
+
+    ``steps`` are its logged ``(step, timestamp ms)`` losses in time order; the pace is the fastest between two
+    consecutive logged losses (at least a millisecond a step: the timestamps' resolution). None with fewer than two
+    losses: no pace to go by. A SIGKILL drops the losses still queued for the store, so the history alone
+    undercounts the steps a killed launch ran; this bounds by how much.
+    """
+    if len(steps) < 2:
+        return None
+    paces = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(steps, steps[1:]) if s1 > s0]
+    if not paces:
+        return None
+    gap_ms = max(end_s * 1000 - steps[-1][1], 0.0)
+    return math.ceil(gap_ms / max(min(paces), 1.0))
 
 
 def last_error(stderr: str) -> str:

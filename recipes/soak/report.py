@@ -110,7 +110,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             ledger, lost, startup = found["ledger"], found["lost_steps"], found["startup_s"]
             console.print(f"{run['name']}: goodput {ledger['share']:.1%} of {ledger['billed_s']:.1f} s billed; redone "
                           f"{ledger['seconds']['redone']:.2f} s (${ledger['usd']['redone']:.4f}) for "
-                          f"{lost['ledger']} lost steps (faults: {lost['faults']}); start-up "
+                          f"{lost['ledger']} lost steps (loss history: {lost['faults']}); start-up "
                           f"{startup['ledger']:.2f} s (${ledger['usd']['startup']:.4f}) against "
                           f"{startup['launches_on_the_books']:.2f} s of {startup['launches']} launch(es) on the "
                           f"books (within {startup['bounds'][0]:.2f} .. {startup['bounds'][1]:.2f} s)",

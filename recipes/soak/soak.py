@@ -40,7 +40,8 @@ from recipes.run.common import USAGE_EXIT_CODE
 from recipes.soak.bucket import Bucket
 from recipes.soak.disk import Disk
 from recipes.soak.faults import CORRUPTED, Fault, PlannedFault, RunState, Watch, corrupt
-from recipes.soak.launch import EXIT_WATCH_LINE, Launch, hung_where, last_error, parse_complete, parse_resume
+from recipes.soak.launch import (EXIT_WATCH_LINE, Launch, hung_where, last_error, parse_complete, parse_resume,
+                                 unlogged_bound)
 from recipes.soak.ledger import LEDGER_ARGS, check_ledger
 from recipes.soak.observe import EXPERIMENT, Store, good_checkpoints, newest_good, pruned_by_policy
 
@@ -181,6 +182,8 @@ class Soak:
         if steps:
             launch.first_step_s = round(steps[0][1] / 1000 - launch.started, 3)
             launch.furthest_step = max(s for s, _ in steps) + 1  # logged after optimizer step k: step k - 1
+        if launch.exit_code == -signal.SIGKILL and launch.furthest_step is not None:
+            launch.unlogged_max = unlogged_bound(steps, launch.started + launch.wall_s)
         launch.decided = resume is not None or bool(steps)
         if launch.decided and resume is None:
             launch.resumed_from = 0
@@ -679,6 +682,8 @@ class Soak:
         if plan.kind != "corrupt":
             steps = [x.furthest_step for x in struck if x.furthest_step is not None]
             fault.furthest_step = max(steps) if steps else None
+            bounds = [x.unlogged_max for x in struck]
+            fault.unlogged_max = None if None in bounds else sum(b or 0 for b in bounds)
             for number, launch in enumerate(struck):
                 self.after_launch(launch, fault, own=number > 0, observe=number == len(struck) - 1)
             fault.resumable_after = (newest_good(self.ckpt_dir(run.name)) or ("", 0))[1]

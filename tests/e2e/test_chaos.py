@@ -24,7 +24,7 @@ SEED = 24
 REPORT_KEYS = {"settings", "skipped_kinds", "reference", "plan", "faults", "runs", "by_kind", "stores", "launches",
                "invariants", "ok", "elapsed_s"}
 FAULT_KEYS = {"index", "kind", "run_name", "phase", "moment_s", "struck", "exit_codes", "detail", "launches",
-              "furthest_step", "resumable_after", "next_resumed_from", "lost_steps", "time_to_resume_s",
+              "furthest_step", "resumable_after", "next_resumed_from", "lost_steps", "unlogged_max", "time_to_resume_s",
               "next_launch_wall_s", "problems", "held"}
 KIND_KEYS = {"count", "struck", "held", "failed", "lost_steps_mean", "lost_steps_max", "time_to_resume_mean_s",
              "time_to_resume_max_s", "exit_codes"}
