@@ -74,17 +74,23 @@ def test_a_lock_file_removed_while_being_opened_is_not_held_twice(tmp_path: Path
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """B opens the lock file, A (the holder) removes it and lets go, B's flock then wins the orphaned file: B must
     see that and lock the file at the path instead, else B and a third launch C would both hold the run."""
-    from recipes.run import lock as lock_module
-
     first = RunLock(tmp_path)
     first.acquire()
-    stale = open(tmp_path / LOCK_NAME, "a+")  # B opens it, before A releases
+    stale = os.open(tmp_path / LOCK_NAME, os.O_RDWR)  # B opens it, before A releases
     first.release()
-    opened = iter([stale])
-    monkeypatch.setattr(lock_module, "open", lambda *a, **k: next(opened, None) or open(*a, **k), raising=False)
+    real_open, handed = os.open, []
+
+    def open_stale_first(path: str, flags: int, *args: int, **kwargs: int) -> int:
+        if not handed and Path(path) == tmp_path / LOCK_NAME:
+            handed.append(stale)
+            return stale
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_stale_first)
     second = RunLock(tmp_path)
     second.acquire()
-    assert stale.closed  # the orphan was let go
+    assert handed == [stale]  # B did open the orphan first
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()  # and holds the file in its place
     third = RunLock(tmp_path)
     with pytest.raises(RunLocked):
         third.acquire()
