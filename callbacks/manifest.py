@@ -32,7 +32,16 @@ if TYPE_CHECKING:
 
 
 def git_state(cwd: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The checkout's commit and whether it has uncommitted changes (``None`` outside git)."""
+    """The checkout's commit and whether it has uncommitted changes (``None`` outside git).
+
+    Written here, not read from the ``mlflow.source.git.commit`` tag that MLflow sets when Lightning's
+    ``MLFlowLogger`` creates a run (``mlflow.tracking.context.registry.resolve_tags``, MLflow 3.17): that tag
+    does not hold this value. It is the checkout of the launched file (``sys.argv[0]``), not of the working
+    directory that ``recipes.reproduce`` compares against (a launch from outside the checkout: the tag names a
+    commit, this gives ``None``); it is set once, when the run is created, so a relaunch of the run with newer
+    code keeps the first launch's commit, while a manifest describes its own launch; a Trainer without an MLflow
+    logger has no tag; and MLflow records no dirty flag, which needs ``git status`` in this same checkout anyway.
+    """
 
     def run(*args: str) -> str | None:
         try:
