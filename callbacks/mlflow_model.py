@@ -140,8 +140,7 @@ class LogModel(Callback):
         if example is not None and example.shape[0] == 1:
             # torch.export specializes a batch dimension of size 1: show it a batch of 2 to keep it dynamic
             example = torch.cat([example, example])
-        uri = getattr(logger, "_tracking_uri", None) or mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(uri)
+        mlflow.set_tracking_uri(logger.experiment.tracking_uri)  # the logger's store (its MlflowClient's), on rank 0
         info = self._log(model, logger.run_id, example)
         self.model_uri = info.model_uri
         log.info("Logged model %s", self.model_uri)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
+
+import pytest
 
 from callbacks.mlflow_model import LogModel
 
@@ -32,3 +35,28 @@ def test_not_deferred_on_more_ranks_or_by_default_and_never_after_an_interruptio
         deferred.on_fit_end(_trainer(interrupted=True), "c")
         deferred.log_deferred()
         assert len(log_fit.call_args_list) == 2
+
+
+def test_the_model_goes_to_the_loggers_store_not_the_global_one(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The logger's tracking URI, read through its public MlflowClient, is where the model is logged."""
+    import mlflow
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from tests.conftest import TinyModule
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'global.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'global.db'}")
+    own = f"sqlite:///{tmp_path / 'own.db'}"
+    logger = MLFlowLogger(experiment_name="e", tracking_uri=own)
+    trainer = SimpleNamespace(loggers=[logger], is_global_zero=True, datamodule=None)
+    seen: list[str] = []
+
+    def log(*args: object) -> SimpleNamespace:
+        seen.append(mlflow.get_tracking_uri())
+        return SimpleNamespace(model_uri="models:/m")
+
+    with mock.patch.object(LogModel, "_log", side_effect=log):
+        LogModel()._log_fit(trainer, TinyModule())  # type: ignore[arg-type]
+    mlflow.set_tracking_uri(None)
+    assert seen == [own]
