@@ -29,7 +29,6 @@ from typing import Any
 
 import mlflow
 import torch
-from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
@@ -48,10 +47,11 @@ from callbacks.mlflow_model import LogModel
 from callbacks.model_checkpoint import PublishedModelCheckpoint
 from callbacks.progress import RunProgressBar
 from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
-from callbacks.storage import ckpt_store, remote_store
+from callbacks.storage import remote_store
 from callbacks.storage.remote_store import StoreError
 from callbacks.timing import StepTiming
 from recipes.run import tracking
+from recipes.run.agree import DecisionFailed, agent_store_available, decided_once
 from recipes.run.cli_callbacks import (
     LoggedThrough,
     RelocateCheckpointState,
@@ -70,18 +70,17 @@ from recipes.run.common import (
 )
 from recipes.run.compat import system_metrics_monitor
 from recipes.run.context import (
+    AlreadyComplete,
     RunContext,
     check_devices,
     check_location,
     check_name,
     check_trainer_values,
+    checkpoint_here,
+    decide_start,
     default_run_name,
-    flatten,
     global_rank_from_env,
     launched_by_parent,
-    mlflow_run_of,
-    refuse_ignored_changes,
-    resolve_resume,
     run_tags,
     search_tags,
     torchrun_nodes,
@@ -115,10 +114,6 @@ from recipes.run.tracking import RUN_DIR_TAG, TrackingError, flush_async_metrics
 
 log = logging.getLogger(__name__)
 
-
-
-class AlreadyComplete(Exception):
-    """The run being relaunched finished already with this config: nothing to train (exit code 0)."""
 
 
 class AtscaleCLI(LightningCLI):
@@ -221,7 +216,11 @@ class AtscaleCLI(LightningCLI):
             run_dir = remote_store.local_path(cfg.runs_root) / experiment / run_name
         tracking_uri = tracking.tracking_uri()
         self.context = RunContext(experiment, run_name, run_dir, tracking_uri, None, None, run_url)
-        if not launched_by_parent():  # the launching process decides; the ranks it starts inherit
+        rank = global_rank_from_env()
+        # one process decides for the job: the launching one (Lightning's launcher passes its decision on in the
+        # environment), or global rank 0 under torchrun (the others receive it: recipes/run/agree.py)
+        decides = not launched_by_parent() and (rank == 0 or not agent_store_available())
+        if decides:
             check_tracking_server(tracking_uri)
             self._lock_run(self.context, cfg.runs_root)
             try:
@@ -232,19 +231,23 @@ class AtscaleCLI(LightningCLI):
                     raise UsageError(str(err)) from err
                 raise
         try:
-            ckpt_path, run_id = resolve_resume(cfg, self.context)
-            if not launched_by_parent() and not cfg.fresh:
-                client = mlflow.MlflowClient(tracking_uri)
-                # the run's own MLflow record (also of a run killed before its first checkpoint), never the one
-                # a checkpoint of another run names
-                run_id = mlflow_run_of(client, self.context, ckpt_path, run_id, explicit=bool(cfg.ckpt_path))
-                if run_id:
-                    run_id = refuse_ignored_changes(client, run_id, cfg, run_name, ckpt_path)
-                    if ckpt_path and not cfg.ckpt_path:
-                        self._stop_if_complete(client, run_id, cfg, ckpt_path)
+            ctx = self.context
+
+            def here(decision: dict[str, Any]) -> dict[str, Any]:
+                return {**decision, "ckpt_path": checkpoint_here(decision["ckpt_path"], cfg, ctx)}
+            try:
+                decision = here(decide_start(cfg, ctx)) if launched_by_parent() else \
+                    decided_once(lambda: decide_start(cfg, ctx), rank, accept=here)
+            except DecisionFailed as failed:  # refused, or found complete, elsewhere: this rank ends the same way
+                if failed.kind == "AlreadyComplete":
+                    raise AlreadyComplete(str(failed)) from None
+                if failed.kind == "UsageError":
+                    raise UsageError(str(failed)) from None
+                raise
+            ckpt_path, run_id = decision["ckpt_path"], decision["mlflow_run_id"]
             self.context.ckpt_path, self.context.mlflow_run_id = ckpt_path, run_id
-            if self.context.resume_note:
-                log.warning("%s", self.context.resume_note)
+            if decision["note"] and decides:
+                log.warning("%s", decision["note"])
             # ranks that Lightning launches re-run this command: tell them what was decided
             os.environ[ENV_RUN_NAME] = run_name
             os.environ[ENV_CKPT_PATH] = ckpt_path or ""
@@ -284,27 +287,6 @@ class AtscaleCLI(LightningCLI):
         if self.lock is not None:
             self.lock.release()
             self.lock = None
-
-    def _stop_if_complete(self, client: mlflow.MlflowClient, run_id: str, cfg: Namespace, ckpt_path: str) -> None:
-        """A FINISHED run relaunched with the same length of training has nothing to do: say so instead of resuming."""
-        try:
-            run = client.get_run(run_id)
-        except mlflow.exceptions.MlflowException:
-            return
-        length = {k: v for k, v in flatten(cfg).items() if k in ("trainer.max_epochs", "trainer.max_steps",
-                                                                 "trainer.max_time")}
-        if run.info.status != "FINISHED" or any(run.data.params.get(k, v) != v for k, v in length.items()):
-            return
-        record = ckpt_store.read_record(ckpt_path, verify_hash=False)
-        step = f" at step {record.global_step}" if record else ""
-        monitor = cfg.checkpoint.monitor
-        metric = run.data.metrics.get(monitor) if monitor else None
-        shown = f", {monitor} {metric:.4f}" if metric is not None else ""
-        assert self.context is not None
-        raise AlreadyComplete(f"run {cfg.experiment}/{self.context.run_name} is already complete (finished{step}"
-                              f"{shown}; MLflow run {run_id}). To train longer, relaunch with a larger "
-                              "--trainer.max_epochs (or --trainer.max_steps); to start over, add --fresh true or "
-                              "choose a new --run_name.")
 
     # ---------------------------------------------------------------- trainer
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
@@ -578,6 +560,9 @@ def launch(args: list[str] | None, **kwargs: Any) -> Launch:
         if message.startswith("Does not validate against any of the Union subtypes"):  # raised while instantiating
             message = parse_error_message(message)
         return Launch(USAGE_EXIT_CODE, cli, f"error: {redact(message)}", error=True, usage=True)
+    except DecisionFailed as err:
+        return Launch(1, cli, f"error: global rank 0 failed to decide where the run starts ({err.kind}: {err}); its "
+                      "output says why.", error=True)
     except STOP_EXCEPTIONS as err:
         signum = err.signum if isinstance(err, Interrupted) else (
             signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)

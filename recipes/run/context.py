@@ -10,6 +10,9 @@ Resume policy, in order:
 4. else the newest checkpoint that verifies, in the run directory or, for object-storage runs, in the
    bucket (a newer one staged on this machine by the same MLflow run is uploaded first).
 
+Under torchrun only global rank 0 applies the policy; the other ranks receive its decision
+(:mod:`recipes.run.agree`) and find the same checkpoint on their own machine (:func:`checkpoint_here`).
+
 Config changes on resume: only :data:`RESUMABLE_CHANGES` may differ from the run's logged params
 (:func:`refused_changes`); any other change would be ignored by the restored training state.
 """
@@ -426,3 +429,79 @@ def mlflow_run_of(client: Any, ctx: RunContext, ckpt_path: str | None, ckpt_run_
     log.warning("--ckpt_path %s was written by %s (%s): %s/%s continues from it as %s.", ckpt_path, whose,
                 ckpt_run_id, ctx.experiment, ctx.run_name, target)
     return own
+
+
+class AlreadyComplete(Exception):
+    """The run being relaunched finished already with this config: nothing to train (exit code 0)."""
+
+
+def stop_if_complete(client: Any, run_id: str, cfg: Namespace, ctx: RunContext, ckpt_path: str) -> None:
+    """A FINISHED run relaunched with the same length of training has nothing to do: say so instead of resuming.
+
+    Raises:
+        AlreadyComplete: the run finished with these ``max_epochs``/``max_steps``/``max_time``.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return
+    length = {k: v for k, v in flatten(cfg).items() if k in ("trainer.max_epochs", "trainer.max_steps",
+                                                             "trainer.max_time")}
+    if run.info.status != "FINISHED" or any(run.data.params.get(k, v) != v for k, v in length.items()):
+        return
+    record = ckpt_store.read_record(ckpt_path, verify_hash=False)
+    step = f" at step {record.global_step}" if record else ""
+    monitor = cfg.checkpoint.monitor
+    metric = run.data.metrics.get(monitor) if monitor else None
+    shown = f", {monitor} {metric:.4f}" if metric is not None else ""
+    raise AlreadyComplete(f"run {cfg.experiment}/{ctx.run_name} is already complete (finished{step}{shown}; "
+                          f"MLflow run {run_id}). To train longer, relaunch with a larger --trainer.max_epochs (or "
+                          "--trainer.max_steps); to start over, add --fresh true or choose a new --run_name.")
+
+
+def decide_start(cfg: Namespace, ctx: RunContext) -> dict[str, Any]:
+    """Where the run starts, decided once for the job: the checkpoint, the MLflow run, the note to print.
+
+    Raises:
+        UsageError: the resume policy refuses (see :func:`resolve_resume`, :func:`refuse_ignored_changes`).
+        AlreadyComplete: nothing to train.
+    """
+    ckpt_path, run_id = resolve_resume(cfg, ctx)
+    if not launched_by_parent() and not cfg.fresh:
+        import mlflow
+
+        client = mlflow.MlflowClient(ctx.tracking_uri)
+        # the run's own MLflow record (also of a run killed before its first checkpoint), never the one a
+        # checkpoint of another run names
+        run_id = mlflow_run_of(client, ctx, ckpt_path, run_id, explicit=bool(cfg.ckpt_path))
+        if run_id:
+            run_id = refuse_ignored_changes(client, run_id, cfg, ctx.run_name, ckpt_path)
+            if ckpt_path and not cfg.ckpt_path:
+                stop_if_complete(client, run_id, cfg, ctx, ckpt_path)
+    return {"ckpt_path": ckpt_path, "mlflow_run_id": run_id, "note": ctx.resume_note}
+
+
+def checkpoint_here(decided: str | None, cfg: Namespace, ctx: RunContext) -> str | None:
+    """The local path of the checkpoint global rank 0 decided to resume from, fetched if this machine lacks it.
+
+    Raises:
+        UsageError: the checkpoint is on rank 0's disk only (a local ``--runs_root`` that this machine does
+            not share): training would start apart from rank 0.
+    """
+    if decided is None or Path(decided).exists():
+        return decided
+    if cfg.ckpt_path:
+        return explicit_checkpoint(cfg.ckpt_path, ctx.checkpoint_dir)[0]
+    remote = ctx.remote_checkpoints()
+    try:
+        record = remote.fetch_named(Path(decided).name) if remote is not None else None
+    except (StoreError, OSError) as err:
+        raise UsageError(f"cannot fetch {Path(decided).name}, the checkpoint global rank 0 resumes from, from "
+                         f"{ctx.location}: {err}") from err
+    if record is None:
+        raise UsageError(f"rank {global_rank_from_env()} cannot find {decided}, the checkpoint global rank 0 resumes "
+                         "from, on this machine: give every node the same --runs_root (a shared filesystem, or an "
+                         "object-storage URL such as s3://bucket/runs).")
+    return str(record.path)

@@ -118,3 +118,44 @@ def test_torchrun_elastic_job_goes_on_when_a_node_is_lost(tmp_path: Path) -> Non
     counts = epoch_counts(trace)
     assert sorted(counts) == [0, 1] and all(counts[epoch] == split for epoch in counts), \
         {epoch: sum((c - split).values()) + sum((split - c).values()) for epoch, c in counts.items()}
+
+
+def test_a_node_without_the_checkpoint_ends_the_job_at_start_up(tmp_path: Path) -> None:
+    """Two torchrun "nodes" whose --runs_root is each one's own disk: only node 0 holds the run's checkpoint.
+
+    Global rank 0 decides where the run starts and the other ranks receive that decision (recipes/run/agree.py):
+    node 1 cannot find the checkpoint, says so in one line, and both nodes end at start-up. Each rank deciding
+    alone, node 1 started from step 0 beside node 0 at step 3: two ranks in different places of one training run.
+    """
+    node_dirs = [tmp_path / "node0", tmp_path / "node1"]
+    for node_dir in node_dirs:
+        node_dir.mkdir()
+    env = cli_env(node_dirs[0])  # one tracking store for the job, as a team's server would be
+    digits = ["-m", "recipes.fit", "--config", str(CONFIGS / "digits.yaml"), "--run_name", "split", *FAST,
+              "--log_model", "false", "--system_metrics", "false"]
+    first = subprocess.run([sys.executable, *digits, "--trainer.max_steps", "3"], cwd=node_dirs[0], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    port = free_port()
+    nodes = []
+    for node_rank, node_dir in enumerate(node_dirs):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node_rank}",
+                   "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}", *digits,
+                   "--trainer.strategy", "ddp", "--trainer.num_nodes", "2", "--trainer.devices", "1",
+                   "--trainer.max_steps", "6"]
+        nodes.append(subprocess.Popen(command, cwd=node_dir, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    try:
+        outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    shown = outputs[0][-2500:] + outputs[1][-2500:]
+    assert all(node.returncode != 0 for node in nodes), shown
+    refusal = ("error: rank 1 cannot find runs/digits/split/checkpoints/step=00000003.ckpt, the checkpoint global "
+               "rank 0 resumes from, on this machine")
+    assert refusal in outputs[1], shown
+    assert "error: rank 1: rank 1 cannot find" in outputs[0], shown  # node 0 ends on node 1's word, not a timeout
+    assert not (node_dirs[1] / "runs" / "digits" / "split" / "checkpoints").exists() or not any(
+        (node_dirs[1] / "runs" / "digits" / "split" / "checkpoints").glob("step=*.ckpt"))  # node 1 trained nothing
