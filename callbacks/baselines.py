@@ -18,7 +18,7 @@ key                                        meaning
 ``baseline/linear_bayes_expected_cost``    mean cost of its Bayes decisions (least expected cost)
 =========================================  ==================================================================
 
-Copy with it: ``analysis/decision_cost.py`` (the cost math; numpy only).
+Copy with it: ``analysis/decision_cost.py`` (the cost math; numpy only) and ``analysis/keys.py`` (the keys' names).
 """
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from .analysis.decision_cost import bayes_decisions, check_cost_matrix, expected_cost
+from .analysis.keys import (
+    DEFAULT_METRIC,
+    LINEAR_BASELINE_KEY,
+    LINEAR_BAYES_COST_BASELINE_KEY,
+    LINEAR_COST_BASELINE_KEY,
+    MAJORITY_BASELINE_KEY,
+    MAJORITY_COST_BASELINE_KEY,
+    VAL_BAYES_COST_KEY,
+    VAL_COST_KEY,
+)
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -41,7 +51,7 @@ log = logging.getLogger(__name__)
 
 
 #: The model's metric each baseline is judged against, by the baseline key's ending (accuracy: ``metric``).
-MODEL_KEYS = {"bayes_expected_cost": "val/bayes_expected_cost", "expected_cost": "val/expected_cost"}
+MODEL_KEYS = {"bayes_expected_cost": VAL_BAYES_COST_KEY, "expected_cost": VAL_COST_KEY}
 
 
 def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
@@ -64,8 +74,8 @@ def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y
         warnings.simplefilter("ignore", ConvergenceWarning)
         linear.fit(x_train, y_train)
     results = {
-        "baseline/majority_acc": float(majority.score(x_val, y_val)),
-        "baseline/linear_acc": float(linear.score(x_val, y_val)),
+        MAJORITY_BASELINE_KEY: float(majority.score(x_val, y_val)),
+        LINEAR_BASELINE_KEY: float(linear.score(x_val, y_val)),
     }
     if cost_matrix is not None:
         costs = check_cost_matrix(cost_matrix)
@@ -73,9 +83,9 @@ def fit_baselines(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y
         probs = np.zeros((len(x_val), len(costs)))  # the columns of the classes seen in training, 0 elsewhere
         probs[:, np.asarray(linear.classes_).astype(int)] = linear.predict_proba(x_val)
         results |= {
-            "baseline/majority_expected_cost": expected_cost(costs, labels, majority.predict(x_val).astype(int)),
-            "baseline/linear_expected_cost": expected_cost(costs, labels, linear.predict(x_val).astype(int)),
-            "baseline/linear_bayes_expected_cost": expected_cost(costs, labels, bayes_decisions(costs, probs)),
+            MAJORITY_COST_BASELINE_KEY: expected_cost(costs, labels, majority.predict(x_val).astype(int)),
+            LINEAR_COST_BASELINE_KEY: expected_cost(costs, labels, linear.predict(x_val).astype(int)),
+            LINEAR_BAYES_COST_BASELINE_KEY: expected_cost(costs, labels, bayes_decisions(costs, probs)),
         }
     return results
 
@@ -96,7 +106,7 @@ class Baselines(Callback):
         trainer.fit(model, datamodule=DigitsDataModule())
     """
 
-    def __init__(self, metric: str = "val/acc") -> None:
+    def __init__(self, metric: str = DEFAULT_METRIC) -> None:
         self.metric = metric
         self.results: dict[str, float] = {}
         self._logged = False  # by this fit or an earlier one of this instance (a fit twice logs once)

@@ -68,7 +68,7 @@ measured share of the step when it is in the trainer (found by its ``totals``; n
 and to the MLflow run.
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{cost_model,prices,goodput}.py``, ``analysis/prices.yaml`` and
+``analysis/{cost_model,prices,goodput,keys}.py``, ``analysis/prices.yaml`` and
 ``utils/{steps_file,goodput_clock,compat,goodput_plot}.py``.
 """
 
@@ -88,6 +88,21 @@ from typing_extensions import override
 
 from .analysis import goodput
 from .analysis.cost_model import run_cost, savings_pct
+from .analysis.keys import (
+    BILLED_KEY,
+    COST_KEY,
+    COST_ON_DEMAND_KEY,
+    COST_SPOT_KEY,
+    GOODPUT_PREFIX,
+    GOODPUT_SHARE_KEY,
+    INSTANCES_KEY,
+    LOST_STEPS_KEY,
+    LOST_WORK_KEY,
+    PROJECTED_COST_KEY,
+    RESTART_KEY,
+    SAVINGS_KEY,
+    goodput_usd_key,
+)
 from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from .utils.compat import time_every_save
 from .utils.goodput_clock import GoodputClock
@@ -272,21 +287,21 @@ class CostTracker(Callback):
         elapsed = self.elapsed_s()
         instance_s = self.instance_s(elapsed)
         usd = self.usd(instance_s=instance_s)
-        out = {"cost/usd": usd, "cost/usd_on_demand": self.usd("on_demand", instance_s)}
+        out = {COST_KEY: usd, COST_ON_DEMAND_KEY: self.usd("on_demand", instance_s)}
         spot_price = self.instance.spot_usd_per_h
         if spot_price is not None:
-            out["cost/usd_spot"] = self.usd("spot", instance_s)
+            out[COST_SPOT_KEY] = self.usd("spot", instance_s)
             if self.instance.on_demand_usd_per_h > 0:
-                out["cost/savings_pct"] = savings_pct(spot_price, self.instance.on_demand_usd_per_h)
+                out[SAVINGS_KEY] = savings_pct(spot_price, self.instance.on_demand_usd_per_h)
         instances = self.instances or 1
         step_s = self.mean_step_s()
-        out["cost/lost_work_usd"] = run_cost(self.lost_steps * (step_s or 0.0) / 3600.0, self.price, instances)
+        out[LOST_WORK_KEY] = run_cost(self.lost_steps * (step_s or 0.0) / 3600.0, self.price, instances)
         recent = self._recent_step_s if self._recent_step_s is not None else step_s
         if self._total_steps is not None and recent is not None:
             remaining = max(0.0, self._total_steps - trainer.global_step)
-            out["cost/projected_usd"] = usd + run_cost(remaining * recent / 3600.0, self.price, instances)
-        out.update({"cost/billed_s": self.billed_s(elapsed), "cost/instances": float(instances),
-                    "cost/lost_steps": float(self.lost_steps), "cost/restart_s": self.restart_s_total})
+            out[PROJECTED_COST_KEY] = usd + run_cost(remaining * recent / 3600.0, self.price, instances)
+        out.update({BILLED_KEY: self.billed_s(elapsed), INSTANCES_KEY: float(instances),
+                    LOST_STEPS_KEY: float(self.lost_steps), RESTART_KEY: self.restart_s_total})
         out.update(goodput.metrics(self.ledger(), self.price))
         return out
 
@@ -549,17 +564,17 @@ class CostTracker(Callback):
         final = self._final
         if not final:
             return []
-        hours = final["cost/billed_s"] / 3600.0
-        instances = int(final["cost/instances"])
-        rows = [("cost", f"{_usd(final['cost/usd'])} {self.market.replace('_', '-')} "
+        hours = final[BILLED_KEY] / 3600.0
+        instances = int(final[INSTANCES_KEY])
+        rows = [("cost", f"{_usd(final[COST_KEY])} {self.market.replace('_', '-')} "
                          f"({instances} x {self.instance.name}, {hours:.3f} h billed)")]
-        if "cost/usd_spot" in final:
-            saving = f", spot saves {final['cost/savings_pct']:.1f}%" if "cost/savings_pct" in final else ""
+        if COST_SPOT_KEY in final:
+            saving = f", spot saves {final[SAVINGS_KEY]:.1f}%" if SAVINGS_KEY in final else ""
             rows.append(("cost on-demand / spot",
-                         f"{_usd(final['cost/usd_on_demand'])} / {_usd(final['cost/usd_spot'])}{saving}"))
+                         f"{_usd(final[COST_ON_DEMAND_KEY])} / {_usd(final[COST_SPOT_KEY])}{saving}"))
         if self.lost_steps or self.restart_s_total:
             rows.append(("cost of interruptions",
-                         f"{_usd(final['cost/lost_work_usd'])} lost work ({self.lost_steps} steps redone x "
+                         f"{_usd(final[LOST_WORK_KEY])} lost work ({self.lost_steps} steps redone x "
                          f"{(self.mean_step_s() or 0.0) * 1e3:.1f} ms mean step), "
                          f"{self.restart_s_total:.0f} s of restarts billed"))
         rows.extend(self.goodput_rows())
@@ -568,16 +583,17 @@ class CostTracker(Callback):
     def goodput_rows(self) -> list[tuple[str, str]]:
         """The ledger's rows: the goodput share and the three largest badputs in dollars, on both markets."""
         final = self._final
-        if "goodput/share" not in final:
+        if GOODPUT_SHARE_KEY not in final:
             return []
-        seconds = {k[len("goodput/"):-2]: v for k, v in final.items() if k.startswith("goodput/") and k.endswith("_s")}
-        usd = {k: final[f"goodput/{k}_usd"] for k in seconds}
+        seconds = {k[len(GOODPUT_PREFIX):-2]: v for k, v in final.items()
+                   if k.startswith(GOODPUT_PREFIX) and k.endswith("_s")}
+        usd = {k: final[goodput_usd_key(k)] for k in seconds}
         other = "spot" if self.market == "on_demand" else "on_demand"
         try:
             ratio = price_for(self.instance, other) / self.price if self.price > 0 else None
         except ValueError:
             ratio = None
-        rows = [("goodput", f"{final['goodput/share']:.1%} of {final['cost/billed_s']:.1f} s billed bought steps "
+        rows = [("goodput", f"{final[GOODPUT_SHARE_KEY]:.1%} of {final[BILLED_KEY]:.1f} s billed bought steps "
                             f"that count ({seconds['productive']:.1f} s, {_usd(usd['productive'])})")]
         # on a free instance (cpu-local) every badput is $0: the largest are then the longest
         ranked = goodput.largest_badputs(usd if any(v > 0 for v in usd.values()) else seconds)

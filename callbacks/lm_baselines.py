@@ -15,7 +15,7 @@ key                        meaning
 ``baseline/bigram_bpb``    validation bits per byte given the previous byte
 =========================  =====================================================
 
-Copy with it: nothing; this file works alone.
+Copy with it: ``analysis/keys.py`` (the keys' names).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
+
+from .analysis.keys import VAL_BPB_KEY, bpb_baseline_key
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -45,7 +47,7 @@ class LMBaselines(Callback):
         trainer.fit(GPT(), datamodule=TextDataModule())   # logs baseline/unigram_bpb, baseline/bigram_bpb
     """
 
-    def __init__(self, metric: str = "val/bpb") -> None:
+    def __init__(self, metric: str = VAL_BPB_KEY) -> None:
         self.metric = metric
         self.results: dict[str, float] = {}
         self._logged = False  # by this fit or an earlier one of this instance (a fit twice logs once)
@@ -61,7 +63,7 @@ class LMBaselines(Callback):
         if datamodule is None or not hasattr(datamodule, "baseline_bits_per_byte"):
             log.info("LMBaselines: the datamodule has no baseline_bits_per_byte(); skipped.")
             return
-        self.results = {f"baseline/{name}_bpb": float(value)
+        self.results = {bpb_baseline_key(name): float(value)
                         for name, value in datamodule.baseline_bits_per_byte().items()}
         self._log(trainer)
 

@@ -48,7 +48,7 @@ key                        meaning
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
 ``storage/{ckpt_store,safe_load,remote_store}.py``,
 ``utils/{notices,rng,compat,agreement,watchdog,save_schedule,drills,resume_record,comm_hooks,steps_file}.py``,
-``analysis/ckpt_interval.py``.
+``analysis/{ckpt_interval,keys}.py``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from .analysis.keys import INTERRUPTIONS_KEY, NOTICE_TO_SAVED_KEY, SPOT_LOST_STEPS_KEY, UPLOAD_KEY
 from .checkpoint_io import (
     METRICS_PENDING_KEY,
     RUN_METADATA_KEY,
@@ -350,11 +351,10 @@ class SpotCheckpoint(Callback):
         if trainer.is_global_zero:
             source = self.notice.source if self.notice else "peer"
             mirror = mirror_of(trainer.strategy.checkpoint_io)
-            metrics = {"spot/interruptions": self.interruptions, "spot/notice_to_saved_s": elapsed,
-                       "spot/lost_steps": 0}
+            metrics = {INTERRUPTIONS_KEY: self.interruptions, NOTICE_TO_SAVED_KEY: elapsed, SPOT_LOST_STEPS_KEY: 0}
             where = "on disk"
             if mirror is not None and mirror.last_publish_s is not None:
-                metrics["spot/upload_s"] = mirror.last_publish_s
+                metrics[UPLOAD_KEY] = mirror.last_publish_s
                 where = f"uploaded to {mirror.url} (upload {mirror.last_publish_s:.2f} s)"
             elif mirror is not None:
                 where = f"on disk, but NOT uploaded to {mirror.url} (see the error above)"
@@ -421,7 +421,7 @@ class SpotCheckpoint(Callback):
             self._pending_rng = None
         if self._resumed_step is not None and trainer.is_global_zero:
             lost = lost_steps(trainer.loggers, self._resumed_step, self._steps_run(trainer), self._saved_lost)
-            self._log(trainer, {"spot/lost_steps": lost})
+            self._log(trainer, {SPOT_LOST_STEPS_KEY: lost})
         if isinstance(trainer.strategy.model, DistributedDataParallel):
             pin_bucket_layout(trainer.strategy.model)  # a resume at 3+ ranks reduces as the uninterrupted run
         self.schedule.restart_clock()

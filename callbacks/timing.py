@@ -72,7 +72,7 @@ directory's parent, else ``trainer.default_root_dir``) and to the MLflow run, an
 :meth:`StepTiming.summary_rows` gives rows for the CLI's end table.
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
-``analysis/{step_time,scaling,comm_model}.py``, ``utils/{comm_timer,comm_hooks,compat,profiler,timing_report}.py``
+``analysis/{step_time,scaling,comm_model,keys}.py``, ``utils/{comm_timer,comm_hooks,compat,profiler,timing_report}.py``
 (and ``compression.py`` for the deprecated ``comm_hook`` argument).
 """
 
@@ -91,6 +91,16 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from .analysis.keys import (
+    CHECKPOINT_STALL_KEY,
+    COMM_MEAN_PREFIX,
+    COMM_PREFIX,
+    SERIAL_KEY,
+    TIME_MEAN_PREFIX,
+    TIME_PREFIX,
+    VALIDATION_TIME_KEY,
+    serial_key_at,
+)
 from .analysis.scaling import amdahl_speedup
 from .analysis.step_time import (
     PARTS,
@@ -414,7 +424,7 @@ class StepTiming(Callback):
         seconds = max(0.0, self._clock.seconds(self._val_start, end) - self._val_nested_s)
         self.validations += 1
         self.validation_s += seconds
-        self._log(trainer, {"time/validation_s": seconds})
+        self._log(trainer, {VALIDATION_TIME_KEY: seconds})
 
     def _on_checkpoint(self, trainer: Trainer, start: Any, end: Any) -> None:
         self._clock.sync()
@@ -433,7 +443,7 @@ class StepTiming(Callback):
 
     def _log_checkpoint_stall(self, trainer: Trainer) -> None:
         if self._unlogged_ckpt_s is not None:
-            self._log(trainer, {"time/checkpoint_s": self._unlogged_ckpt_s})
+            self._log(trainer, {CHECKPOINT_STALL_KEY: self._unlogged_ckpt_s})
             self._unlogged_ckpt_s = None
 
     # ---------------------------------------------------------------- windows
@@ -491,8 +501,8 @@ class StepTiming(Callback):
         self._log(trainer, self._metrics(means, samples / n, ckpt_per_step))
 
     def _metrics(self, means: dict[str, float], samples_per_step: float, ckpt_per_step: float,
-                 prefix: str = "time/") -> dict[str, float]:
-        """Logged keys for per-step means (a window's or, with ``prefix="time/mean/"``, the run's)."""
+                 prefix: str = TIME_PREFIX) -> dict[str, float]:
+        """Logged keys for per-step means (a window's or, with ``prefix=TIME_MEAN_PREFIX``, the run's)."""
         step_s = sum(means[p] for p in PARTS)
         metrics = {f"{prefix}{p}_s": means[p] for p in PARTS}
         metrics[f"{prefix}step_s"] = step_s
@@ -500,7 +510,7 @@ class StepTiming(Callback):
             metrics[f"{prefix}samples_per_s"] = samples_per_step * self._world / step_s
         # the run's means go under comm/mean/: a key logged per window and again at train end would hold two
         # points at the last step
-        comm = "comm/" if prefix == "time/" else "comm/mean/"
+        comm = COMM_PREFIX if prefix == TIME_PREFIX else COMM_MEAN_PREFIX
         if self.comm_mode == "ddp":
             metrics[f"{prefix}comm_s"] = means["comm"]
             metrics[f"{comm}measured_s"] = means["comm"]
@@ -512,12 +522,12 @@ class StepTiming(Callback):
             metrics[f"{comm}fsdp_collective_s"] = sum(self.fsdp_collective_s) / len(self.fsdp_collective_s)
         share = serial_fraction(means, ckpt_per_step)
         metrics[f"{prefix}serial_share"] = share
-        if prefix != "time/":  # the run's Amdahl fraction: logged once, at train end
+        if prefix != TIME_PREFIX:  # the run's Amdahl fraction: logged once, at train end
             metrics[f"{prefix}checkpoint_per_step_s"] = ckpt_per_step
             s = amdahl_serial_fraction(share, self._world)
-            metrics["amdahl/serial_fraction"] = s
+            metrics[SERIAL_KEY] = s
             # per world size too: a run resumed on another device count keeps each size's measurement
-            metrics[f"amdahl/serial_fraction/world_{self._world}"] = s
+            metrics[serial_key_at(self._world)] = s
             metrics.update(amdahl_predictions(s))
         return metrics
 
@@ -544,7 +554,7 @@ class StepTiming(Callback):
         if not means:
             return
         self._log(trainer, self._metrics(means, self.samples / self.steps, self.checkpoint_s / self.steps,
-                                         prefix="time/mean/"))
+                                         prefix=TIME_MEAN_PREFIX))
         if self.plot and trainer.is_global_zero:
             if self.defer_plot:
                 self._plot_trainer = trainer
@@ -629,7 +639,7 @@ class StepTiming(Callback):
         s = amdahl_serial_fraction(share, self.world_size)
         preds = ", ".join(f"x{amdahl_speedup(n, s):.2f} at N={n}" for n in (2, 4, 8))
         ceiling = "inf" if s == 0 else f"{1 / s:.1f}"
-        rows = [("amdahl/serial_fraction", f"{s:.3f} -> projected speedup {preds} (ceiling x{ceiling})")]
+        rows = [(SERIAL_KEY, f"{s:.3f} -> projected speedup {preds} (ceiling x{ceiling})")]
         if self.world_size == 1:
             rows.append(("  projection", "Amdahl's law from this one process's serial share (data wait, optimizer, "
                                          "checkpoints), not a measurement: it assumes forward and backward divide "

@@ -36,9 +36,19 @@ from typing import Any
 import mlflow
 from mlflow.entities import Run
 
-from recipes.run.common import (
+from callbacks.analysis.keys import (
+    BASELINE_PREFIX,
     COST_KEY,
+    DEFAULT_METRIC,
+    KIND_TAG,
     LINEAR_BASELINE_KEY,
+    LINEAR_BAYES_COST_BASELINE_KEY,
+    LINEAR_COST_BASELINE_KEY,
+    MAJORITY_BASELINE_KEY,
+    MAJORITY_COST_BASELINE_KEY,
+    VAL_PREFIX,
+)
+from recipes.run.common import (
     ArgumentParser,
     UsageError,
     all_runs,
@@ -54,11 +64,11 @@ __all__ = ["Comparison", "RunRow", "compare", "compare_figure", "differing_param
            "short_key", "write_plot"]
 
 LINEAR = LINEAR_BASELINE_KEY
-MAJORITY = "baseline/majority_acc"
+MAJORITY = MAJORITY_BASELINE_KEY
 #: The (linear, majority) baselines of a metric that is not an accuracy, by the metric's ending.
 COST_BASELINES = {
-    "bayes_expected_cost": ("baseline/linear_bayes_expected_cost", "baseline/majority_expected_cost"),
-    "expected_cost": ("baseline/linear_expected_cost", "baseline/majority_expected_cost"),
+    "bayes_expected_cost": (LINEAR_BAYES_COST_BASELINE_KEY, MAJORITY_COST_BASELINE_KEY),
+    "expected_cost": (LINEAR_COST_BASELINE_KEY, MAJORITY_COST_BASELINE_KEY),
 }
 COST = COST_KEY
 #: Params that differ between any two runs by construction (the run's own name and directories).
@@ -200,10 +210,10 @@ def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
         # a sweep's parent run summarises its children (which are shown): it is no training run to compare, and
         # its own settings as params would make every param "differ"
         for run in runs:
-            label = PARENT_KINDS.get(run.data.tags.get("atscale.kind", ""))
+            label = PARENT_KINDS.get(run.data.tags.get(KIND_TAG, ""))
             if label:
                 hidden[label] = hidden.get(label, 0) + 1
-        runs = [r for r in runs if r.data.tags.get("atscale.kind", "") not in PARENT_KINDS]
+        runs = [r for r in runs if r.data.tags.get(KIND_TAG, "") not in PARENT_KINDS]
     keys = differing_params([r.data.params for r in runs])
     rows = [_row(r, keys, time.time()) for r in runs]
     sign = -1.0 if mode == "max" else 1.0
@@ -235,7 +245,7 @@ def to_json(comparison: Comparison, metric: str, experiment: str, tracking_uri: 
 
 def _metric_columns(rows: list[RunRow], metric: str) -> list[str]:
     logged = {k for r in rows for k in r.metrics}
-    others = sorted(k for k in logged if k.startswith("val/") and k != metric)
+    others = sorted(k for k in logged if k.startswith(VAL_PREFIX) and k != metric)
     return [metric, *others, *(k for k in baselines_for(metric) if k in logged)]
 
 
@@ -260,7 +270,7 @@ def _header(key: str) -> str:
     """A metric's column header, on two lines after its group: ``baseline/linear_acc`` -> ``baseline/⏎linear_acc``."""
     from rich.markup import escape
 
-    return escape(key).replace("baseline/", "baseline/\n")
+    return escape(key).replace(BASELINE_PREFIX, f"{BASELINE_PREFIX}\n")
 
 
 #: The runs table's last columns, left out in this order (after the secondary metrics) when it is too wide.
@@ -497,7 +507,7 @@ def write_plot(rows: list[RunRow], metric: str, path: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m recipes.compare", description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", required=True, help="MLflow experiment name.")
-    parser.add_argument("--metric", default="val/acc", help="Metric to sort by (final value).")
+    parser.add_argument("--metric", default=DEFAULT_METRIC, help="Metric to sort by (final value).")
     parser.add_argument("--mode", choices=("max", "min"), default=None,
                         help="Best is max or min (default: min for losses, errors and costs, else max).")
     parser.add_argument("--plot", default=None, metavar="FILE", help="Also write a comparison PNG here.")

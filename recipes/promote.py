@@ -37,15 +37,28 @@ import mlflow
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 
+from callbacks.analysis.keys import (
+    DEFAULT_METRIC,
+    KIND_TAG,
+    LINEAR_BASELINE_KEY,
+    LINEAR_COST_BASELINE_KEY,
+    PRUNED_TAG,
+    REGISTERED_AS_TAG,
+    SWEEP_NAME_TAG,
+    TRIAL_SWEEP_TAG,
+)
 from recipes.compare import baselines_for
 from recipes.run.common import (
     USAGE_EXIT_CODE,
     ArgumentParser,
     UsageError,
+    all_experiments,
+    all_pages,
     all_runs,
     check_tracking_server,
     get_experiment,
     parse_or_exit,
+    quoted,
     tracking_uri,
 )
 
@@ -153,23 +166,27 @@ def logged_model_uri(client: mlflow.MlflowClient, run: Run, artifact: str = "mod
     Raises:
         Refused: the run logged no such model (an interrupted fit logs none).
     """
-    candidates = client.search_logged_models(
-        experiment_ids=[run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
-    )
-    ready = [m for m in candidates if m.name == artifact and str(m.status).endswith("READY")]
+    candidates = all_pages(client.search_logged_models, experiment_ids=[run.info.experiment_id],
+                           filter_string=f"source_run_id = {quoted(run.info.run_id)} AND name = {quoted(artifact)}")
+    ready = [m for m in candidates if str(m.status).endswith("READY")]
     if ready:
         return max(ready, key=lambda m: m.creation_timestamp).model_uri
     raise Refused(f"run {run.info.run_name} ({run.info.run_id}) logged no model named {artifact!r} "
                   "(callbacks.mlflow_model.LogModel logs it when a fit completes).")
 
 
-def sweep_trials(runs: list[Run], sweep: str, experiment: str, metric: str) -> list[Run]:
-    """The runs of sweep ``sweep``'s trials that were not pruned (a pruned trial stopped early: never the best).
+def sweep_trials(client: mlflow.MlflowClient, experiment_id: str, sweep: str, experiment: str,
+                 metric: str) -> list[Run]:
+    """The runs of sweep ``sweep``'s trials that were not pruned (a pruned trial stopped early: never the best)
+    and logged ``metric``.
 
     Raises:
         Refused: the sweep has no such run that logged ``metric``.
     """
-    trials = [r for r in runs if r.data.tags.get("sweep") == sweep and r.data.tags.get("pruned") != "true"]
+    # the pruner tags a pruned trial "true" and leaves the others untagged
+    runs = all_runs(client, [experiment_id],
+                    filter_string=f"tags.`{TRIAL_SWEEP_TAG}` = {quoted(sweep)} AND tags.`{PRUNED_TAG}` IS NULL")
+    trials = [r for r in runs if metric in r.data.metrics]
     if not trials:
         raise Refused(f"sweep {sweep!r} has no unpruned trial run in experiment {experiment!r} that logged {metric}.")
     return trials
@@ -181,19 +198,21 @@ def find_sweep(client: mlflow.MlflowClient, sweep: str) -> Run:
     Raises:
         UsageError: there is none (the message lists the sweeps there are).
     """
-    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
-    parents = all_runs(client, experiments, filter_string="tags.`atscale.kind` = 'sweep'",
-                       order_by=["attributes.start_time DESC"]) if experiments else []
-    found = [r for r in parents if r.data.tags.get("atscale.sweep") == sweep]
+    experiments = [e.experiment_id for e in all_experiments(client, ViewType.ACTIVE_ONLY)]
+    if not experiments:
+        raise UsageError(f"--sweep {sweep!r}: no such sweep in the tracking store (sweeps there: none).")
+    parents = f"tags.`{KIND_TAG}` = 'sweep'"
+    found = all_runs(client, experiments, filter_string=f"{parents} AND tags.`{SWEEP_NAME_TAG}` = {quoted(sweep)}",
+                     order_by=["attributes.start_time DESC"])
     if not found:
-        known = sorted({r.data.tags.get("atscale.sweep", "") for r in parents})
+        known = sorted({r.data.tags.get(SWEEP_NAME_TAG, "") for r in all_runs(client, experiments, parents)})
         raise UsageError(f"--sweep {sweep!r}: no such sweep in the tracking store (sweeps there: "
                          f"{', '.join(known) if known else 'none'}).")
     return found[0]
 
 
 def promote(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str, name: str,
-            baseline: str | None = "baseline/linear_acc", alias: str = ALIAS, tracking_uri: str = "",
+            baseline: str | None = LINEAR_BASELINE_KEY, alias: str = ALIAS, tracking_uri: str = "",
             sweep: str | None = None) -> Promotion:
     """Register the best finished run's model as a new version of ``name`` and alias it.
 
@@ -207,7 +226,7 @@ def promote(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
     exp = get_experiment(client, experiment, tracking_uri)
     runs = runs_with_metric(client, exp.experiment_id, experiment, metric)
     if sweep is not None:
-        runs = sweep_trials(runs, sweep, experiment, metric)
+        runs = sweep_trials(client, exp.experiment_id, sweep, experiment, metric)
     check_baseline_kind(metric, baseline)
     run = best_run(runs, experiment, metric, mode)
     base = check_baseline(run, metric, mode, baseline)
@@ -223,7 +242,7 @@ def promote(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
         tags[baseline] = f"{base:.6g}"
     version = mlflow.register_model(model_uri, name, tags=tags)
     client.set_registered_model_alias(name, alias, version.version)
-    client.set_tag(run.info.run_id, "registered_as", f"{name}/{version.version}@{alias}")
+    client.set_tag(run.info.run_id, REGISTERED_AS_TAG, f"{name}/{version.version}@{alias}")
     return Promotion(name=name, version=str(version.version), alias=alias, run_id=run.info.run_id,
                      run_name=run.info.run_name, metric=metric, value=value, baseline=baseline, baseline_value=base,
                      model_uri=model_uri, previous_version=previous)
@@ -256,13 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--experiment", default=None, help="MLflow experiment name (required unless --sweep).")
     parser.add_argument("--sweep", default=None, help="Promote the best unpruned trial of this recipes.sweep.")
     parser.add_argument("--metric", default=None,
-                        help="Metric that picks the best run. Default val/acc (with --sweep: the sweep's).")
+                        help=f"Metric that picks the best run. Default {DEFAULT_METRIC} (with --sweep: the sweep's).")
     parser.add_argument("--mode", choices=("max", "min"), default=None,
                         help="Best is max (default) or min (with --sweep: the sweep's).")
     parser.add_argument("--name", default=None, help="Registered model name (default: the experiment's name).")
     parser.add_argument("--baseline", default=None,
                         help="Metric the run must beat (default: the linear baseline of the metric's kind, "
-                             "baseline/linear_acc or baseline/linear_expected_cost); 'none' skips the check.")
+                             f"{LINEAR_BASELINE_KEY} or {LINEAR_COST_BASELINE_KEY}); 'none' skips the check.")
     parser.add_argument("--alias", default=ALIAS, help="Alias to point at the new version.")
     parser.add_argument("--json", action="store_true", help="Print the promotion as JSON.")
     return parser
@@ -284,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             args.experiment = args.experiment or client.get_experiment(parent.info.experiment_id).name
             args.metric = args.metric or parent.data.params.get("metric")
             args.mode = args.mode or parent.data.params.get("mode")
-        args.metric, args.mode = args.metric or "val/acc", args.mode or "max"
+        args.metric, args.mode = args.metric or DEFAULT_METRIC, args.mode or "max"
         name = args.name or args.experiment
         baseline = baselines_for(args.metric)[0] if args.baseline is None else (
             None if args.baseline.lower() == "none" else args.baseline)

@@ -16,9 +16,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from callbacks.analysis.ckpt_interval import OverheadCheck, overhead_check
+from callbacks.analysis.keys import (
+    BEST_LAW_TAG,
+    BILLED_KEY,
+    CHECKPOINT_STALL_KEY,
+    RESTART_KEY,
+    SCALE_SERIAL_KEY,
+    SCALE_USL_KEYS,
+    SERIAL_KEY,
+    STEP_KEY,
+    STEP_WINDOW_KEY,
+    goodput_seconds_key,
+    serial_key_at,
+)
 from callbacks.analysis.prices import Instance
 from callbacks.storage import ckpt_store
-from recipes.run.common import SERIAL_KEY, tracking_uri
+from recipes.run.common import tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -33,12 +46,6 @@ __all__ = [
     "resolve_run",
     "tracking_client",
 ]
-
-STEP_MEAN_KEY = "time/mean/step_s"
-STEP_WINDOW_KEY = "time/step_s"
-SCALE_SERIAL_KEY = "scale/amdahl_serial_fraction"
-SCALE_USL_KEYS = ("scale/usl_a", "scale/usl_b")
-BEST_LAW_TAG = "atscale.best_law"
 
 
 @dataclass(frozen=True)
@@ -203,15 +210,15 @@ def measure_run(client: MlflowClient, run: Run, run_dir: Path | None = None) -> 
         steps = record.global_step
     if steps < 1:
         raise ValueError(f"run {run_id} logged no training steps: give --steps and --step-time.")
-    if metrics.get(STEP_MEAN_KEY, 0) > 0:
-        measured, source = metrics[STEP_MEAN_KEY], f"{STEP_MEAN_KEY} (StepTiming's run mean)"
+    if metrics.get(STEP_KEY, 0) > 0:
+        measured, source = metrics[STEP_KEY], f"{STEP_KEY} (StepTiming's run mean)"
     elif STEP_WINDOW_KEY in metrics:
         values = [m.value for m in client.get_metric_history(run_id, STEP_WINDOW_KEY)]
         measured, source = sum(values) / len(values), f"mean of {len(values)} {STEP_WINDOW_KEY} windows"
     else:
         if run.info.end_time is None:
             raise ValueError(f"run {run_id} has not finished (status {run.info.status}) and logged no "
-                             f"{STEP_MEAN_KEY}: give --step-time.")
+                             f"{STEP_KEY}: give --step-time.")
         wall = (run.info.end_time - run.info.start_time) / 1000.0
         measured, source = wall / steps, f"wall duration {wall:g} s / {steps} steps (MLflow run start to end)"
     if not measured > 0:
@@ -219,7 +226,7 @@ def measure_run(client: MlflowClient, run: Run, run_dir: Path | None = None) -> 
     manifest = _manifest(client, run, run_dir)
     world, world_source = _world_size(manifest, run)
     device, device_source = _measured_device(manifest, run)
-    serial_key = f"{SERIAL_KEY}/world_{world}" if f"{SERIAL_KEY}/world_{world}" in metrics else SERIAL_KEY
+    serial_key = serial_key_at(world) if serial_key_at(world) in metrics else SERIAL_KEY
     serial = metrics.get(serial_key)
     return RunMeasurement(run_id=run_id, run_dir=None if run_dir is None else str(run_dir),
                           measured_step_s=float(measured), step_time_source=source, world_size=world,
@@ -261,10 +268,10 @@ def interruption_record(client: MlflowClient, run: Run) -> OverheadCheck | None:
     or without a productive second.
     """
     metrics = run.data.metrics
-    keys = ("goodput/productive_s", "goodput/checkpoint_s", "goodput/redone_s", "goodput/restart_s", "cost/billed_s")
-    if any(k not in metrics for k in keys) or metrics["goodput/productive_s"] <= 0:
+    keys = (*(goodput_seconds_key(c) for c in ("productive", "checkpoint", "redone", "restart")), BILLED_KEY)
+    if any(k not in metrics for k in keys) or metrics[keys[0]] <= 0:
         return None
-    saves = len(client.get_metric_history(run.info.run_id, "time/checkpoint_s"))
-    gaps = {m.value for m in client.get_metric_history(run.info.run_id, "cost/restart_s") if m.value > 0}
+    saves = len(client.get_metric_history(run.info.run_id, CHECKPOINT_STALL_KEY))
+    gaps = {m.value for m in client.get_metric_history(run.info.run_id, RESTART_KEY) if m.value > 0}
     productive, checkpoint, redone, restart, billed = (float(metrics[k]) for k in keys)
     return overhead_check(productive, checkpoint, redone, restart, saves, len(gaps), billed)

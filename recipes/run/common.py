@@ -1,5 +1,9 @@
 """What every atscale tool shares: usage errors and exit codes, an argparse that raises, the tracking
-store, run lookups, and the names of the metrics and tags the tools read.
+store, and run lookups that page through the whole store.
+
+The names of the metrics and tags the tools read are not here: each is defined once in
+:mod:`callbacks.analysis.keys`, which the callbacks that log them import too (the few this module imports are
+for the tools that still take them from here).
 
 Imports neither torch nor Lightning, and mlflow only inside the functions that need it, so ``compare``,
 ``promote``, ``plan``, ``scale``, ``reproduce`` and ``comm`` start fast and run where no training stack is
@@ -19,6 +23,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from callbacks.analysis.keys import (  # noqa: F401 (the tools import these from here)
+    COST_KEY,
+    DEFAULT_METRIC,
+    LINEAR_BASELINE_KEY,
+    REPRODUCES_TAG,
+    SERIAL_KEY,
+    STEP_KEY,
+    THROUGHPUT_KEY,
+)
 from recipes.run import tracking
 from recipes.run.compat import HelpFormatter
 from recipes.run.errors import disk_error
@@ -35,6 +48,9 @@ __all__ = [
     "ArgumentParser",
     "HelpFormatter",
     "UsageError",
+    "all_experiments",
+    "all_pages",
+    "all_runs",
     "check_name",
     "check_output_dir",
     "check_output_file",
@@ -44,6 +60,7 @@ __all__ = [
     "get_experiment",
     "parse_or_exit",
     "positive_ints",
+    "quoted",
     "redact_argv",
     "run_main",
     "tracking_uri",
@@ -53,20 +70,6 @@ __all__ = [
 USAGE_EXIT_CODE = 2
 #: Exit status after SIGINT (Ctrl-C), as shells report it.
 SIGINT_EXIT_CODE = 130
-
-# Metric keys the tools read (logged by the callbacks named beside them).
-#: StepTiming: the run's mean seconds per optimizer step.
-STEP_KEY = "time/mean/step_s"
-#: StepTiming: the run's mean global samples per second.
-THROUGHPUT_KEY = "time/mean/samples_per_s"
-#: StepTiming: the run's Amdahl serial fraction.
-SERIAL_KEY = "amdahl/serial_fraction"
-#: CostTracker: dollars the run cost so far.
-COST_KEY = "cost/usd"
-#: Baselines: the linear model's validation accuracy (what promote's candidate must beat by default).
-LINEAR_BASELINE_KEY = "baseline/linear_acc"
-#: The default metric of ``compare`` and ``promote``.
-DEFAULT_METRIC = "val/acc"
 
 # Environment the CLI reads: set by the launching CLI process for its further ranks, and by the tools.
 #: The run name every rank uses.
@@ -82,11 +85,8 @@ ENV_PARENT_RUN_ID = "ATSCALE_MLFLOW_PARENT_RUN_ID"
 #: What a launching CLI passes to its ranks: a tool starting a new run must not inherit them.
 ENV_FROM_PARENT = (ENV_RUN_NAME, ENV_CKPT_PATH, ENV_MLFLOW_RUN_ID)
 
-# Tags the CLI sets on every run and the tools filter by.
 #: Where the run's files live (see :func:`recipes.run.tracking.find_run`).
 RUN_DIR_TAG = tracking.RUN_DIR_TAG
-#: Set by ``recipes.reproduce`` on a rerun: the id of the run it reproduces.
-REPRODUCES_TAG = "reproduces"
 
 
 class UsageError(Exception):
@@ -295,7 +295,7 @@ def get_experiment(client: mlflow.MlflowClient, name: str, tracking_uri: str) ->
 
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        known = sorted(e.name for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY))
+        known = sorted(e.name for e in all_experiments(client, ViewType.ACTIVE_ONLY))
         raise UsageError(f"experiment {name!r} not found at {tracking_uri} (experiments there: "
                          f"{', '.join(known) if known else 'none'}).")
     return experiment
@@ -305,32 +305,62 @@ def get_experiment(client: mlflow.MlflowClient, name: str, tracking_uri: str) ->
 SEARCH_PAGE_SIZE = 1000
 
 
+def all_pages(search: Callable[..., Sequence[Any]], **kwargs: Any) -> list[Any]:
+    """Every result of a paged MLflow search (``search_runs``, ``search_experiments``, ``search_logged_models``).
+
+    Each of them answers one page and a token for the next (``search_experiments`` stops at 1,000 experiments,
+    ``search_logged_models`` at 100 models): a reader that asks once loses the rest without a word.
+    """
+    results: list[Any] = []
+    token: str | None = None
+    while True:
+        page = search(**kwargs, page_token=token)
+        results.extend(page)
+        token = getattr(page, "token", None)
+        if not token:
+            return results
+
+
 def all_runs(client: mlflow.MlflowClient, experiment_ids: Sequence[str], filter_string: str = "",
              order_by: Sequence[str] | None = None, active_only: bool = True) -> list[Run]:
-    """Every run of the experiments that matches ``filter_string``, page after page.
+    """Every run of the experiments that matches ``filter_string``, page after page (:func:`all_pages`).
 
-    ``MlflowClient.search_runs`` answers one page and a token for the next: a reader that asks once loses every
-    run past its ``max_results`` without a word. MLflow's fluent ``mlflow.search_runs`` pages too, but on the
-    process's active store and with a cap of its own, so the tools page here with their own client.
+    Select in ``filter_string`` (``tags.sweep = 'x'``, ``metrics.`val/acc` > 0.9``), not in Python after a
+    capped search. MLflow's fluent ``mlflow.search_runs`` pages too, but on the process's active store and with a
+    cap of its own, so the tools page here with their own client.
     """
     from mlflow.entities import ViewType
 
     view = ViewType.ACTIVE_ONLY if active_only else ViewType.ALL
-    runs: list[Run] = []
-    token: str | None = None
-    while True:
-        page = client.search_runs(list(experiment_ids), filter_string=filter_string, run_view_type=view,
-                                  max_results=SEARCH_PAGE_SIZE, order_by=list(order_by or []), page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
+    return all_pages(client.search_runs, experiment_ids=list(experiment_ids), filter_string=filter_string,
+                     run_view_type=view, max_results=SEARCH_PAGE_SIZE, order_by=list(order_by or []))
+
+
+def all_experiments(client: mlflow.MlflowClient, view_type: int | None = None) -> list[Any]:
+    """Every experiment of the store (active ones by default), page after page (:func:`all_pages`)."""
+    from mlflow.entities import ViewType
+
+    return all_pages(client.search_experiments, view_type=ViewType.ACTIVE_ONLY if view_type is None else view_type,
+                     max_results=SEARCH_PAGE_SIZE)
+
+
+def quoted(value: str) -> str:
+    """``value`` as a string of an MLflow filter: ``'x'``, or ``"it's"`` (MLflow reads no escaped quote: a
+    ``'it\\'s'`` matches nothing, without an error).
+
+    Raises:
+        UsageError: ``value`` holds both quote characters, which no MLflow filter can say.
+    """
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise UsageError(f"{value!r}: a name with both ' and \" cannot be searched for in MLflow.")
 
 
 def find_run(client: mlflow.MlflowClient, experiment_ids: Sequence[str], run_name: str) -> Run | None:
     """The newest MLflow run named ``run_name`` in the experiments, or None."""
-    quoted = run_name.replace("'", "\\'")
-    runs = client.search_runs(list(experiment_ids), filter_string=f"tags.`mlflow.runName` = '{quoted}'",
+    runs = client.search_runs(list(experiment_ids), filter_string=f"tags.`mlflow.runName` = {quoted(run_name)}",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0] if runs else None
 

@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from callbacks.analysis.keys import TRAIN_LOSS_KEY
 from callbacks.spot import SpotCheckpoint
 from callbacks.storage import ckpt_store
 from recipes.run import compat
+from recipes.run.common import SEARCH_PAGE_SIZE, all_experiments, all_pages, quoted
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -85,20 +87,20 @@ class Store:
             experiment = client.get_experiment_by_name(EXPERIMENT)
             if experiment is None:
                 return []
-            where = f"attributes.run_name = '{name}'" if name is not None else ""
+            where = f"attributes.run_name = {quoted(name)}" if name is not None else ""
             return [{"run_id": r.info.run_id, "name": r.info.run_name, "status": r.info.status}
                     for r in _search_runs(client, [experiment.experiment_id], where, ViewType.ACTIVE_ONLY)]
         return self._read(read)
 
     def train_steps(self, name: str, since_s: float) -> list[tuple[int, int]]:
-        """(step, timestamp ms) of every train/loss of runs named ``name`` logged at or after ``since_s``."""
+        """(step, timestamp ms) of every ``train/loss`` of runs named ``name`` logged at or after ``since_s``."""
         from mlflow.entities import ViewType
 
         def read(client: MlflowClient) -> list[tuple[int, int]]:
-            ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
-            runs = _search_runs(client, ids, f"attributes.run_name = '{name}'", ViewType.ALL)
+            ids = [e.experiment_id for e in all_experiments(client, ViewType.ALL)]
+            runs = _search_runs(client, ids, f"attributes.run_name = {quoted(name)}", ViewType.ALL)
             points = [(int(m.step), int(m.timestamp)) for r in runs
-                      for m in client.get_metric_history(r.info.run_id, "train/loss")]
+                      for m in client.get_metric_history(r.info.run_id, TRAIN_LOSS_KEY)]
             return sorted((p for p in points if p[1] >= int(since_s * 1000)), key=lambda p: p[1])
         return self._read(read)
 
@@ -110,7 +112,7 @@ class Store:
             experiment = client.get_experiment_by_name(EXPERIMENT)
             if experiment is None:
                 return []
-            where = f"attributes.run_name = '{name}'"
+            where = f"attributes.run_name = {quoted(name)}"
             return [dict(r.data.metrics)
                     for r in _search_runs(client, [experiment.experiment_id], where, ViewType.ACTIVE_ONLY)]
         found = self._read(read)
@@ -124,7 +126,7 @@ class Store:
             experiment = client.get_experiment_by_name(EXPERIMENT)
             if experiment is None:
                 return []
-            runs = _search_runs(client, [experiment.experiment_id], f"attributes.run_name = '{name}'",
+            runs = _search_runs(client, [experiment.experiment_id], f"attributes.run_name = {quoted(name)}",
                                 ViewType.ACTIVE_ONLY)
             return [{key: sorted((int(m.step), float(m.value)) for m in client.get_metric_history(r.info.run_id, key))
                      for key in r.data.metrics} for r in runs]
@@ -166,15 +168,8 @@ class Store:
 
 def _search_runs(client: MlflowClient, experiment_ids: list[str], where: str, view: int) -> list[Run]:
     """Every run ``client.search_runs`` finds, page after page, oldest first."""
-    runs: list[Run] = []
-    token = None
-    while True:
-        page = client.search_runs(experiment_ids, where, view, order_by=["attributes.start_time ASC"],
-                                  page_token=token)
-        runs += page
-        token = page.token
-        if not token:
-            return runs
+    return all_pages(client.search_runs, experiment_ids=experiment_ids, filter_string=where, run_view_type=view,
+                     max_results=SEARCH_PAGE_SIZE, order_by=["attributes.start_time ASC"])
 
 
 @contextlib.contextmanager

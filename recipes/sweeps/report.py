@@ -21,12 +21,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from rich.table import Table
 
-from recipes.run.common import COST_KEY, all_runs
+from callbacks.analysis.keys import COST_KEY, PROJECTED_COST_KEY, TRIAL_SWEEP_TAG, TRIAL_TAG
+from recipes.run.common import all_runs, quoted
 
 from .study import RUN_NAME_ATTR
-
-#: CostTracker's projection of the run's whole cost.
-PROJECTED_KEY = "cost/projected_usd"
 
 
 @dataclass
@@ -41,10 +39,9 @@ class Money:
 
 def child_runs(client: mlflow.MlflowClient, experiment_id: str, name: str) -> dict[int, Any]:
     """The sweep's trial runs (tag ``sweep`` = ``name``), by trial number (the newest run of each)."""
-    quoted = name.replace("'", "\\'")
-    runs = all_runs(client, [experiment_id], filter_string=f"tags.sweep = '{quoted}'",
-                    order_by=["attributes.start_time ASC"])
-    return {int(r.data.tags["trial"]): r for r in runs if r.data.tags.get("trial", "").isdigit()}
+    runs = all_runs(client, [experiment_id], order_by=["attributes.start_time ASC"],
+                    filter_string=f"tags.`{TRIAL_SWEEP_TAG}` = {quoted(name)} AND tags.`{TRIAL_TAG}` IS NOT NULL")
+    return {int(r.data.tags[TRIAL_TAG]): r for r in runs if r.data.tags[TRIAL_TAG].isdigit()}
 
 
 def money(runs: dict[int, Any], trials: list[FrozenTrial]) -> Money:
@@ -53,7 +50,7 @@ def money(runs: dict[int, Any], trials: list[FrozenTrial]) -> Money:
     pruned = {t.number for t in trials if t.state == TrialState.PRUNED}
     for number, run in runs.items():
         usd = float(run.data.metrics.get(COST_KEY, 0.0))
-        projected = run.data.metrics.get(PROJECTED_KEY)
+        projected = run.data.metrics.get(PROJECTED_COST_KEY)
         out.per_trial[number] = (usd, None if projected is None else float(projected))
         out.spent_usd += usd
         if number in pruned and projected is not None:

@@ -1,0 +1,172 @@
+"""The names of the metrics and tags a run is recorded under: each defined here once, imported by the code that
+logs it and by every tool that reads it.
+
+The tracking store's contract is these strings: a key logged as one literal and read as another is a column that
+stays empty, a run that is never found, without an error anywhere. So no module writes one as a literal; a test
+(``tests/unit/callbacks/analysis/test_keys.py``) fails when one does, and checks that each writer logs the keys
+its readers ask for.
+
+Why here, not beside each callback: the readers (``recipes.compare``, ``promote``, ``plan``, ``scale``, the
+sweep's report, the soak's observer) import no torch and no Lightning, so that they start fast and run where no
+training stack is installed, and a callback's own module imports both. ``callbacks/analysis/`` is the torch-free
+layer both sides already import, and it imports nothing of ours, so its own modules (the goodput ledger) can take
+their names from here too. This module imports nothing at all.
+
+The values are stored in every run recorded so far and written in the docs: never change one; add a new name.
+"""
+
+from __future__ import annotations
+
+# ----------------------------------------------------------------------------------------- the task's metrics
+# Logged by the LightningModules (recipes/classifier.py, recipes/gpt.py) with ``self.log``.
+#: Prefix of the validation metrics.
+VAL_PREFIX = "val/"
+#: Prefix of the training metrics (logged every step: :mod:`recipes.run.tracking` counts its lost points).
+TRAIN_PREFIX = "train/"
+#: Prefix of the test metrics.
+TEST_PREFIX = "test/"
+#: The training loss of each step.
+TRAIN_LOSS_KEY = f"{TRAIN_PREFIX}loss"
+#: A classifier's training accuracy.
+TRAIN_ACC_KEY = f"{TRAIN_PREFIX}acc"
+#: A classifier's validation accuracy: the metric ``compare``, ``promote`` and ``sweep`` rank by unless told.
+VAL_ACC_KEY = f"{VAL_PREFIX}acc"
+#: The validation loss.
+VAL_LOSS_KEY = f"{VAL_PREFIX}loss"
+#: The language model's validation bits per byte.
+VAL_BPB_KEY = f"{VAL_PREFIX}bpb"
+#: A classifier's mean misclassification cost of its argmax decisions (with a cost matrix).
+VAL_COST_KEY = f"{VAL_PREFIX}expected_cost"
+#: The same for its Bayes decisions (least expected cost).
+VAL_BAYES_COST_KEY = f"{VAL_PREFIX}bayes_expected_cost"
+#: The default metric of the tools that rank runs.
+DEFAULT_METRIC = VAL_ACC_KEY
+
+# --------------------------------------------------------------------------- StepTiming (callbacks/timing.py)
+#: Prefix of a logging window's per-step means (``time/<part>_s``, ``time/step_s``, ...).
+TIME_PREFIX = "time/"
+#: Prefix of the whole run's means, logged at train end (``time/mean/<part>_s``, ...).
+TIME_MEAN_PREFIX = f"{TIME_PREFIX}mean/"
+#: Prefix of a window's communication figures.
+COMM_PREFIX = "comm/"
+#: Prefix of the whole run's communication means, at train end.
+COMM_MEAN_PREFIX = f"{COMM_PREFIX}mean/"
+#: Seconds per optimizer step, a window's mean.
+STEP_WINDOW_KEY = f"{TIME_PREFIX}step_s"
+#: Seconds per optimizer step, the run's mean.
+STEP_KEY = f"{TIME_MEAN_PREFIX}step_s"
+#: Global samples per second, the run's mean.
+THROUGHPUT_KEY = f"{TIME_MEAN_PREFIX}samples_per_s"
+#: The loop's stall for the checkpoints of one step (a point per step that saved).
+CHECKPOINT_STALL_KEY = f"{TIME_PREFIX}checkpoint_s"
+#: One validation run (a point per validation).
+VALIDATION_TIME_KEY = f"{TIME_PREFIX}validation_s"
+#: Amdahl's serial fraction of the whole run, at train end.
+SERIAL_KEY = "amdahl/serial_fraction"
+
+
+def serial_key_at(world_size: int) -> str:
+    """:data:`SERIAL_KEY` as measured on ``world_size`` devices (kept per size across elastic resumes)."""
+    return f"{SERIAL_KEY}/world_{world_size}"
+
+
+def predicted_speedup_key(devices: int) -> str:
+    """Amdahl's predicted speedup on ``devices`` devices, at train end."""
+    return f"amdahl/predicted_speedup_{devices}"
+
+
+# ---------------------------------------------------------------------------- CostTracker (callbacks/cost.py)
+#: Prefix of the bill's figures.
+COST_PREFIX = "cost/"
+#: Dollars the run cost so far, on its market.
+COST_KEY = f"{COST_PREFIX}usd"
+#: The same billed time at the on-demand price.
+COST_ON_DEMAND_KEY = f"{COST_PREFIX}usd_on_demand"
+#: The same billed time at the spot price.
+COST_SPOT_KEY = f"{COST_PREFIX}usd_spot"
+#: Percent spot saves over on-demand.
+SAVINGS_KEY = f"{COST_PREFIX}savings_pct"
+#: Dollars of the work redone after interruptions.
+LOST_WORK_KEY = f"{COST_PREFIX}lost_work_usd"
+#: The projected cost at the end, at the current progress and speed.
+PROJECTED_COST_KEY = f"{COST_PREFIX}projected_usd"
+#: Job wall seconds billed so far (per instance).
+BILLED_KEY = f"{COST_PREFIX}billed_s"
+#: Instances billed now.
+INSTANCES_KEY = f"{COST_PREFIX}instances"
+#: Optimizer steps run more than once.
+LOST_STEPS_KEY = f"{COST_PREFIX}lost_steps"
+#: Seconds of restart gaps billed (a point per resume).
+RESTART_KEY = f"{COST_PREFIX}restart_s"
+#: Prefix of the goodput ledger's figures (logged by CostTracker, built by :mod:`callbacks.analysis.goodput`).
+GOODPUT_PREFIX = "goodput/"
+#: Productive seconds / billed seconds.
+GOODPUT_SHARE_KEY = f"{GOODPUT_PREFIX}share"
+
+
+def goodput_seconds_key(category: str) -> str:
+    """The billed seconds of one goodput category (``productive``, ``checkpoint``, ``redone``, ...)."""
+    return f"{GOODPUT_PREFIX}{category}_s"
+
+
+def goodput_usd_key(category: str) -> str:
+    """The dollars of one goodput category, on the run's market."""
+    return f"{GOODPUT_PREFIX}{category}_usd"
+
+
+# -------------------------------------------------------- Baselines, LMBaselines (callbacks/{,lm_}baselines.py)
+#: Prefix of the baselines' figures.
+BASELINE_PREFIX = "baseline/"
+#: Validation accuracy of always predicting the most common class.
+MAJORITY_BASELINE_KEY = f"{BASELINE_PREFIX}majority_acc"
+#: Validation accuracy of a logistic regression (what ``promote``'s candidate must beat by default).
+LINEAR_BASELINE_KEY = f"{BASELINE_PREFIX}linear_acc"
+#: Mean cost of always predicting the most common class (with a cost matrix).
+MAJORITY_COST_BASELINE_KEY = f"{BASELINE_PREFIX}majority_expected_cost"
+#: Mean cost of the logistic regression's argmax decisions.
+LINEAR_COST_BASELINE_KEY = f"{BASELINE_PREFIX}linear_expected_cost"
+#: Mean cost of the logistic regression's Bayes decisions.
+LINEAR_BAYES_COST_BASELINE_KEY = f"{BASELINE_PREFIX}linear_bayes_expected_cost"
+
+
+def bpb_baseline_key(name: str) -> str:
+    """A language-model baseline's validation bits per byte (``unigram`` -> ``baseline/unigram_bpb``)."""
+    return f"{BASELINE_PREFIX}{name}_bpb"
+
+
+# -------------------------------------------------------------------- SpotCheckpoint (callbacks/spot.py)
+#: Prefix of the interruption events (a launch's own: always logged, never deduplicated on resume).
+SPOT_PREFIX = "spot/"
+#: Interruptions seen by this launch.
+INTERRUPTIONS_KEY = f"{SPOT_PREFIX}interruptions"
+#: Seconds from the notice to the checkpoint saved.
+NOTICE_TO_SAVED_KEY = f"{SPOT_PREFIX}notice_to_saved_s"
+#: Steps redone after the last interruption.
+SPOT_LOST_STEPS_KEY = f"{SPOT_PREFIX}lost_steps"
+#: Seconds the checkpoint's upload to object storage took.
+UPLOAD_KEY = f"{SPOT_PREFIX}upload_s"
+
+# ----------------------------------------------------------- recipes.scale's parent run (recipes/speedup/)
+#: The sweep's Amdahl fit.
+SCALE_SERIAL_KEY = "scale/amdahl_serial_fraction"
+#: The sweep's USL fit (a, b).
+SCALE_USL_KEYS = ("scale/usl_a", "scale/usl_b")
+
+# ------------------------------------------------------------------------------------------------------ tags
+#: What a run stands for when it is no plain training run: ``scale``, ``scale-fit`` (recipes.scale), ``sweep``
+#: (recipes.sweep's parent).
+KIND_TAG = "atscale.kind"
+#: A sweep parent's sweep name.
+SWEEP_NAME_TAG = "atscale.sweep"
+#: A sweep trial's sweep name.
+TRIAL_SWEEP_TAG = "sweep"
+#: A sweep trial's number.
+TRIAL_TAG = "trial"
+#: ``"true"`` on a trial the sweep pruned (absent otherwise).
+PRUNED_TAG = "pruned"
+#: A recipes.scale parent's better-fitting law (``amdahl`` or ``usl``).
+BEST_LAW_TAG = "atscale.best_law"
+#: Set by ``recipes.reproduce`` on a rerun: the id of the run it reproduces.
+REPRODUCES_TAG = "reproduces"
+#: Set by ``recipes.promote`` on the run it registered: ``<model>/<version>@<alias>``.
+REGISTERED_AS_TAG = "registered_as"
