@@ -21,11 +21,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
 from .checkpoint_io import mirror_of, require_atomic_io
 from .storage import ckpt_store
+from .utils.compat import ModelCheckpointAfterSave
 
 
 def mlflow_run_id(trainer: Trainer) -> str | None:
@@ -33,7 +33,7 @@ def mlflow_run_id(trainer: Trainer) -> str | None:
     return next((getattr(lg, "run_id", None) for lg in trainer.loggers if getattr(lg, "run_id", None)), None)
 
 
-class PublishedModelCheckpoint(ModelCheckpoint):
+class PublishedModelCheckpoint(ModelCheckpointAfterSave):
     """``ModelCheckpoint`` that gives directory checkpoints an integrity record and uploads them if mirrored."""
 
     @override
@@ -43,8 +43,7 @@ class PublishedModelCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
 
     @override
-    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
+    def after_save(self, trainer: Trainer, filepath: str) -> None:
         path = Path(filepath)
         if not trainer.is_global_zero or not path.is_dir():
             return

@@ -17,7 +17,7 @@ Example::
 
     trainer = Trainer(callbacks=[RunProgressBar(leave=True)], max_steps=300)
 
-Copy with it: nothing; this file works alone.
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``utils/compat.py``.
 """
 
 from __future__ import annotations
@@ -27,15 +27,16 @@ from time import monotonic
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import RichProgressBar
 from typing_extensions import override
+
+from .utils.compat import LabelledRichProgressBar
 
 #: Redraws per second at most: a counter that changes four times a second reads as live, and each redraw (in
 #: the refresh thread, holding the GIL) is time the training step waits for.
 DEFAULT_MAX_REFRESH_HZ = 4.0
 
 
-class RunProgressBar(RichProgressBar):
+class RunProgressBar(LabelledRichProgressBar):
     """``RichProgressBar`` drawn at most ``max_refresh_hz`` times a second, without a negative epoch total.
 
     Args:
@@ -43,14 +44,17 @@ class RunProgressBar(RichProgressBar):
             no display); by default ``max_refresh_hz`` rounded up. Lightning's own default, 100, wakes the
             thread 100 times a second to look for at most ``max_refresh_hz`` draws, and every wake-up
             takes the GIL from the training step for a moment.
+        leave: keep each finished epoch's bars on the terminal, above the one live display.
         max_refresh_hz: redraws a second at most.
     """
 
-    def __init__(self, refresh_rate: int | None = None, *args: Any,
+    def __init__(self, refresh_rate: int | None = None, leave: bool = False, *args: Any,
                  max_refresh_hz: float = DEFAULT_MAX_REFRESH_HZ, **kwargs: Any) -> None:
         if not max_refresh_hz > 0:
             raise ValueError(f"RunProgressBar(max_refresh_hz={max_refresh_hz!r}): expected a positive number.")
-        super().__init__(math.ceil(max_refresh_hz) if refresh_rate is None else refresh_rate, *args, **kwargs)
+        # Lightning's own leave would stop the display at each epoch's start and start a new one: kept here instead
+        super().__init__(math.ceil(max_refresh_hz) if refresh_rate is None else refresh_rate, False, *args, **kwargs)
+        self.leave = leave
         self._min_interval_s = 1.0 / max_refresh_hz
         self._last_drawn: float | None = None
 
@@ -78,20 +82,14 @@ class RunProgressBar(RichProgressBar):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         progress = self.progress
-        if not (self._leave and progress is not None and self.train_progress_bar_id is not None):
-            super().on_train_epoch_start(trainer, pl_module)
-            return
-        progress.console.print(progress.make_tasks_table(progress.tasks))  # what stopping the display printed
-        self._leave = False  # Lightning then resets the epoch's task in the running display
-        try:
-            super().on_train_epoch_start(trainer, pl_module)
-        finally:
-            self._leave = True
+        if self.leave and progress is not None and self.train_progress_bar_id is not None:
+            # the finished epoch's bars, printed above the running display (Lightning then resets the epoch's task)
+            progress.console.print(progress.make_tasks_table(progress.tasks))
+        super().on_train_epoch_start(trainer, pl_module)
 
     @override
-    def _get_train_description(self, current_epoch: int) -> str:
-        description = super()._get_train_description(current_epoch)
+    def train_label(self, label: str) -> str:
         max_epochs = self.trainer.max_epochs
         if max_epochs is not None and max_epochs < 0:  # no epoch limit: no total to show
-            return description.replace(f"/{max_epochs - 1}", "", 1)
-        return description
+            return label.replace(f"/{max_epochs - 1}", "", 1)
+        return label

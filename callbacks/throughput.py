@@ -37,10 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ThroughputMonitor
 from typing_extensions import override
 
-from .utils.compat import lightning_log_metrics, lightning_should_log
+from .utils.compat import KeyedThroughputMonitor
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -91,7 +90,7 @@ def batch_tokens(batch: Any) -> int:
     return int(_inputs(batch).numel())
 
 
-class TokenThroughput(ThroughputMonitor):
+class TokenThroughput(KeyedThroughputMonitor):
     """ThroughputMonitor for ``(batch, length)`` token batches, with dense peak FLOP/s for MFU.
 
     Args:
@@ -125,25 +124,15 @@ class TokenThroughput(ThroughputMonitor):
             super().setup(trainer, pl_module, stage)
         device = trainer.strategy.root_device
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-        self.available_flops = peak_flops(device, self.peak_tflops)  # type: ignore[assignment]
-        for throughput in self._throughputs.values():
-            throughput.available_flops = self.available_flops
+        self.set_available_flops(peak_flops(device, self.peak_tflops))
         if self.available_flops is None and trainer.is_global_zero:
             log.info("TokenThroughput: no peak FLOP/s known for %s, so no MFU; set peak_tflops to get one.",
                      self.device_name)
 
     @override
-    def _compute(self, trainer: Trainer, iter_num: int | None = None) -> None:
-        # Lightning's ThroughputMonitor names the lengths it counts "items": for a language model they are tokens,
-        # so they are logged as such (the rest of its keys as Lightning names them)
-        if not lightning_should_log(trainer):
-            return
-        stage = trainer.state.stage
-        assert stage is not None
-        throughput = self._throughputs[stage]
-        metrics = {f"{stage.value}{throughput.separator}{k.replace('items_per_sec', 'tokens_per_sec')}": v
-                   for k, v in throughput.compute().items()}
-        lightning_log_metrics(trainer, metrics, iter_num)
+    def metric_key(self, key: str) -> str:
+        # Lightning's ThroughputMonitor names the lengths it counts "items": for a language model they are tokens
+        return key.replace("items_per_sec", "tokens_per_sec")
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:

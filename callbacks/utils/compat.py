@@ -23,6 +23,17 @@ Checked against lightning 2.6 and torch 2.14:
 - :func:`time_every_save`: Lightning has no hook after a checkpoint is written; every save goes through
   ``trainer.save_checkpoint``, which is wrapped on the trainer instance.
 
+Three overrides of a Lightning class's private method, each behind a public hook of its own (a method can only be
+overridden in a class, so these are base classes; a subclass overrides the public hook):
+
+- :class:`ModelCheckpointAfterSave`: ``ModelCheckpoint._save_checkpoint``, the one method every save of the
+  callback's goes through (top-k, last, every-n, on exception); Lightning tells loggers after a save, not callbacks.
+- :class:`LabelledRichProgressBar`: ``RichProgressBar._get_train_description``, where Lightning builds the training
+  bar's label before it adds or resets the bar's task (both of which draw it at once: a label fixed afterwards
+  shows for a frame).
+- :class:`KeyedThroughputMonitor`: ``ThroughputMonitor._compute``, where Lightning names and logs its metrics, and
+  its ``_throughputs``, which it builds in ``setup`` with the peak FLOP/s of its own table.
+
 Copy with it: nothing; this file works alone.
 """
 
@@ -31,6 +42,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, ThroughputMonitor
+from typing_extensions import override
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -136,3 +150,53 @@ def time_every_save(trainer: Trainer, timed: Callable[[Callable[..., Any], tuple
         if vars(trainer).get("save_checkpoint") is save_checkpoint:
             del trainer.save_checkpoint  # back to the class's method
     return undo
+
+
+class ModelCheckpointAfterSave(ModelCheckpoint):
+    """``ModelCheckpoint`` that calls :meth:`after_save` on every rank once each checkpoint it saves is written."""
+
+    def after_save(self, trainer: Trainer, filepath: str) -> None:
+        """Called on every rank after ``trainer.save_checkpoint(filepath)`` returned for a save of this callback."""
+
+    @override
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        self.after_save(trainer, filepath)
+
+
+class LabelledRichProgressBar(RichProgressBar):
+    """``RichProgressBar`` whose training bar's label :meth:`train_label` may rewrite."""
+
+    def train_label(self, label: str) -> str:
+        """The training bar's label, given Lightning's (``Epoch 3/19``, padded to the validation bar's width)."""
+        return label
+
+    @override
+    def _get_train_description(self, current_epoch: int) -> str:
+        return self.train_label(super()._get_train_description(current_epoch))
+
+
+class KeyedThroughputMonitor(ThroughputMonitor):
+    """``ThroughputMonitor`` whose metric names :meth:`metric_key` may rewrite and whose peak FLOP/s
+    :meth:`set_available_flops` sets after ``setup``. Logs on the trainer's cadence as Lightning's does."""
+
+    def metric_key(self, key: str) -> str:
+        """The logged name of a metric, given Lightning's (``train/device/items_per_sec``)."""
+        return key
+
+    def set_available_flops(self, flops: float | None) -> None:
+        """The peak FLOP/s that MFU divides by (``None``: no MFU), for every stage's measurement ``setup`` built."""
+        self.available_flops = flops  # type: ignore[assignment]
+        for throughput in self._throughputs.values():
+            throughput.available_flops = flops
+
+    @override
+    def _compute(self, trainer: Trainer, iter_num: int | None = None) -> None:
+        if not lightning_should_log(trainer):
+            return
+        stage = trainer.state.stage
+        assert stage is not None
+        throughput = self._throughputs[stage]
+        metrics = {self.metric_key(f"{stage.value}{throughput.separator}{k}"): v
+                   for k, v in throughput.compute().items()}
+        lightning_log_metrics(trainer, metrics, iter_num)

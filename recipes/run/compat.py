@@ -15,10 +15,10 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
 - :data:`MODEL_CHECKPOINT_PATH_KEYS`: the keys of ModelCheckpoint's saved state that hold absolute paths,
   which ``recipes/run/cli_callbacks.py`` points at the run's directory on the machine that resumes it
   (Lightning keeps the best-k record only when the directory is unchanged, and has no hook to move it).
-- Method overrides (not functions, so they stay in their classes; their signatures are tested here):
+- A method override (not a function, so it stays in its class; its signature is tested here):
   ``LightningCLI._instantiate_trainer`` in ``recipes/run/cli.py`` (the one hook that receives the trainer's
-  config and the callbacks from the config together) and ``ThroughputMonitor._compute`` in
-  ``callbacks/throughput.py`` (where Lightning's monitor names and logs its metrics).
+  config and the callbacks from the config together). The callbacks' overrides are base classes in
+  ``callbacks/utils/compat.py``.
 - :func:`async_write_state`: whether an MLflow async write (the ``RunOperations`` a ``log_batch(...,
   synchronous=False)`` returns) is done and how it ended; ``RunOperations`` offers only a blocking ``wait()``.
 - :class:`HelpFormatter`: argparse's ``HelpFormatter._get_help_string``, the one hook that decides whether an

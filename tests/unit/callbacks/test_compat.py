@@ -195,3 +195,74 @@ def test_time_every_save_sees_each_checkpoint_callback_save_and_undoes(tmp_path:
     assert "save_checkpoint" not in vars(trainer)
     trainer.save_checkpoint(tmp_path / "after.ckpt")
     assert saved == ["step=2.ckpt", "step=4.ckpt"]  # undone: the class's method again
+
+
+def test_the_private_methods_the_compat_classes_override_keep_their_signatures() -> None:
+    import inspect
+
+    from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar, ThroughputMonitor
+
+    for method, expected in ((ModelCheckpoint._save_checkpoint, ["self", "trainer", "filepath"]),
+                             (RichProgressBar._get_train_description, ["self", "current_epoch"]),
+                             (ThroughputMonitor._compute, ["self", "trainer", "iter_num"])):
+        assert list(inspect.signature(method).parameters) == expected, \
+            f"compat overrides {method.__qualname__}{expected[1:]}: its signature changed"
+
+
+def test_model_checkpoint_after_save_sees_every_save_once_written(tmp_path: Path) -> None:
+    seen: list[tuple[str, bool]] = []
+
+    class Seen(compat.ModelCheckpointAfterSave):
+        def after_save(self, trainer: Trainer, filepath: str) -> None:
+            seen.append((Path(filepath).name, Path(filepath).exists()))
+
+    data = DataLoader(TensorDataset(torch.randn(12, 2)), batch_size=4)
+    checkpoint = Seen(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1, filename="{step}", save_last=True)
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, callbacks=[checkpoint],
+                      default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0)
+    trainer.fit(Tiny(), train_dataloaders=data)
+    assert seen == [("step=2.ckpt", True), ("last.ckpt", True), ("step=4.ckpt", True), ("last.ckpt", True)], \
+        "compat.ModelCheckpointAfterSave: ModelCheckpoint no longer saves through _save_checkpoint(trainer, filepath)"
+
+
+def test_labelled_rich_progress_bar_labels_the_training_bar(tmp_path: Path) -> None:
+    class Labelled(compat.LabelledRichProgressBar):
+        def train_label(self, label: str) -> str:
+            return f"{label.strip()} of mine"
+
+    bar = Labelled()
+    data = DataLoader(TensorDataset(torch.randn(12, 2)), batch_size=4)
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, callbacks=[bar],
+                      default_root_dir=tmp_path, enable_model_summary=False, enable_checkpointing=False,
+                      limit_val_batches=0)
+    trainer.fit(Tiny(), train_dataloaders=data)
+    assert bar.progress is not None and bar.train_progress_bar_id is not None
+    task = next(t for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
+    assert task.description.endswith("Epoch 1/1 of mine"), \
+        "compat.LabelledRichProgressBar: RichProgressBar no longer labels its bar with _get_train_description"
+
+
+def test_keyed_throughput_monitor_names_its_metrics_and_takes_a_peak(tmp_path: Path) -> None:
+    class Counted(Tiny):
+        flops_per_batch = 1000
+
+    class Keyed(compat.KeyedThroughputMonitor):
+        def metric_key(self, key: str) -> str:
+            return key.replace("items_per_sec", "tokens_per_sec")
+
+        def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+            super().setup(trainer, pl_module, stage)
+            self.set_available_flops(1e6)
+
+    data = DataLoader(TensorDataset(torch.randn(24, 2)), batch_size=4)
+    monitor = Keyed(batch_size_fn=lambda b: b[0].size(0), length_fn=lambda b: b[0].numel(), window_size=2)
+    logger = Steps()
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=6, logger=logger, callbacks=[monitor],
+                      default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                      enable_checkpointing=False, limit_val_batches=0, log_every_n_steps=2)
+    trainer.fit(Counted(), train_dataloaders=data)
+    keys = {key for _, logged in logger.logged for key in logged}
+    assert "train/device/tokens_per_sec" in keys and not any("items_per_sec" in k for k in keys), \
+        "compat.KeyedThroughputMonitor: ThroughputMonitor._compute no longer names or logs its metrics"
+    assert "train/device/mfu" in keys, "compat.KeyedThroughputMonitor: ThroughputMonitor._throughputs changed"

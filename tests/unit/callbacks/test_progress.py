@@ -71,7 +71,7 @@ def test_leave_keeps_each_finished_epoch_without_restarting_the_display(tmp_path
     bar = RunProgressBar(leave=True, console_kwargs={"file": out, "force_terminal": True, "width": 120,
                                                       "color_system": None})
     started: list[object] = []
-    start = progress.RichProgressBar._init_progress
+    start = RichProgressBar._init_progress
 
     def spy_init(self: Any, trainer: Any) -> None:
         start(self, trainer)
@@ -80,7 +80,7 @@ def test_leave_keeps_each_finished_epoch_without_restarting_the_display(tmp_path
     trainer = Trainer(max_epochs=3, callbacks=[bar], logger=False, enable_checkpointing=False,
                       num_sanity_val_steps=0, default_root_dir=tmp_path, accelerator="cpu")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(progress.RichProgressBar, "_init_progress", spy_init)
+        patch.setattr(RichProgressBar, "_init_progress", spy_init)
         trainer.fit(TinyModule(), train_dataloaders=_loader(4), val_dataloaders=_loader(2))
     assert len({id(p) for p in started}) == 1  # one live display for the whole fit
     # what stays on the terminal: each line's last redraw (after its last carriage return), codes removed
@@ -95,7 +95,7 @@ def test_the_refresh_thread_wakes_no_more_often_than_the_bar_draws(tmp_path: Any
     # Lightning's refresh thread sleeps 1 / refresh_rate between looks (refresh_rate 100 by default): 100 wake-ups
     # a second, each taking the GIL from the training step, to find at most max_refresh_hz draws
     polls: list[float] = []
-    start = progress.RichProgressBar._init_progress
+    start = RichProgressBar._init_progress
 
     def spy_init(self: Any, trainer: Any) -> None:
         start(self, trainer)
@@ -106,7 +106,25 @@ def test_the_refresh_thread_wakes_no_more_often_than_the_bar_draws(tmp_path: Any
     trainer = Trainer(max_epochs=1, callbacks=[bar], logger=False, enable_checkpointing=False,
                       num_sanity_val_steps=0, default_root_dir=tmp_path, accelerator="cpu")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(progress.RichProgressBar, "_init_progress", spy_init)
+        patch.setattr(RichProgressBar, "_init_progress", spy_init)
         trainer.fit(TinyModule(), train_dataloaders=_loader(4), val_dataloaders=_loader(2))
     assert polls and set(polls) == {polls_per_s}
     assert bar.refresh_rate == polls_per_s and bar.is_enabled
+
+
+@pytest.mark.parametrize(("limits", "shown"), [({"max_steps": 6}, ["0", "1"]), ({"max_epochs": 2}, ["0/1", "1/1"])])
+def test_no_negative_epoch_total_when_only_steps_bound_the_run(tmp_path: Any, limits: dict[str, int],
+                                                               shown: list[str]) -> None:
+    import io
+    import re
+
+    out = io.StringIO()
+    bar = RunProgressBar(leave=True, console_kwargs={"file": out, "force_terminal": True, "width": 120,
+                                                      "color_system": None})
+    trainer = Trainer(callbacks=[bar], logger=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                      default_root_dir=tmp_path, accelerator="cpu", **limits)  # max_steps alone: max_epochs=-1
+    trainer.fit(TinyModule(), train_dataloaders=_loader(3), val_dataloaders=_loader(2))
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert "/-" not in text  # not even in a first frame
+    lines = [line.split("\r")[-1] for line in text.split("\n")]
+    assert [line.split()[1] for line in lines if line.startswith("Epoch")] == shown

@@ -17,13 +17,10 @@ def test_system_metrics_monitor_is_mlflows_sampler() -> None:
 
 
 def test_the_private_methods_the_recipes_override_keep_their_signatures() -> None:
-    from lightning.pytorch.callbacks import ThroughputMonitor
     from lightning.pytorch.cli import LightningCLI
 
     assert list(inspect.signature(LightningCLI._instantiate_trainer).parameters) == ["self", "config", "callbacks"], \
         "recipes/run/cli.py overrides LightningCLI._instantiate_trainer(config, callbacks): its signature changed"
-    assert list(inspect.signature(ThroughputMonitor._compute).parameters) == ["self", "trainer", "iter_num"], \
-        "callbacks/throughput.py overrides ThroughputMonitor._compute(trainer, iter_num): its signature changed"
 
 
 def test_mlflow_schema_head_is_the_revision_a_client_leaves_a_new_store_at(tmp_path: Path) -> None:
