@@ -21,7 +21,7 @@
 # checkpoints and resume as `python -m recipes.fit`. One device trains in this kernel; DDP starts its ranks as
 # new processes. Interrupting the kernel checkpoints the run; running its cell again resumes it exactly.
 #
-# Short on purpose (4 epochs, then 1 epoch of DDP): about two minutes on a laptop's CPU.
+# Short on purpose: 4 epochs, then 1 epoch of DDP.
 
 # %%
 # ruff: noqa: E402, B018 (a notebook: imports in the cell that uses them; a cell's last expression is its output)
