@@ -57,7 +57,7 @@ class SweepTrial(Callback):
             raise ValueError(f"SweepTrial(pruner={pruner!r}) must be one of {', '.join(PRUNERS)}.")
         self.study, self.trial, self.metric = study, trial, metric
         self.pruner, self.startup_trials, self.warmup_epochs = pruner, startup_trials, warmup_epochs
-        self._trial: Any = None
+        self._study: Any = None
         self._storage: Any = None
         self._tid = -1
         self.pruned_at: int | None = None
@@ -75,11 +75,12 @@ class SweepTrial(Callback):
         study = optuna.load_study(study_name=self.study, storage=storage,
                                   sampler=optuna.samplers.RandomSampler(),
                                   pruner=make_pruner(self.pruner, self.startup_trials, self.warmup_epochs))
-        self._storage, self._tid = storage, trial_id(storage, study, self.trial)
-        self._trial = optuna.Trial(study, self._tid)
+        # The sweep process claimed the trial (Study.ask); this process only reports to it, through the storage
+        # and the pruner: optuna.Trial(study, trial_id) is a constructor Optuna keeps to itself.
+        self._study, self._storage, self._tid = study, storage, trial_id(storage, study, self.trial)
         logger = self._mlflow(trainer)
         if logger is not None and logger.run_id:
-            self._trial.set_user_attr(RUN_ID_ATTR, logger.run_id)
+            storage.set_trial_user_attr(self._tid, RUN_ID_ATTR, logger.run_id)
 
     @staticmethod
     def _mlflow(trainer: Trainer) -> MLFlowLogger | None:
@@ -95,7 +96,7 @@ class SweepTrial(Callback):
         if trainer.sanity_checking:
             return
         prune = False
-        if trainer.is_global_zero and self._trial is not None:
+        if trainer.is_global_zero and self._study is not None:
             prune = self._report(trainer)
         prune = bool(trainer.strategy.broadcast(prune))
         if prune:
@@ -111,11 +112,12 @@ class SweepTrial(Callback):
             return False
         epoch = int(trainer.current_epoch)
         if epoch not in self._storage.get_trial(self._tid).intermediate_values:
-            self._trial.report(float(value), epoch)  # a resumed epoch already reported keeps its first value
-        if not self._trial.should_prune():
+            # what Trial.report stores; a resumed epoch already reported keeps its first value
+            self._storage.set_trial_intermediate_value(self._tid, epoch, float(value))
+        if not self._study.pruner.prune(self._study, self._storage.get_trial(self._tid)):  # Trial.should_prune's
             return False
         self.pruned_at = epoch
-        self._trial.set_user_attr(PRUNED_ATTR, epoch)
+        self._storage.set_trial_user_attr(self._tid, PRUNED_ATTR, epoch)
         logger = self._mlflow(trainer)
         if logger is not None and logger.run_id:
             logger.experiment.set_tag(logger.run_id, "pruned", "true")

@@ -49,6 +49,7 @@ from .pruning import ENV_SWEEP_STORAGE
 from .space import Space, override_args
 from .study import (
     ATTEMPTS_ATTR,
+    HEARTBEAT_S,
     PARENT_RUN_ATTR,
     PRUNED_ATTR,
     RUN_ID_ATTR,
@@ -64,7 +65,6 @@ from .study import (
 
 #: recipes.fit's exit status after a notice save (callbacks.spot.REQUEUE_EXIT_CODE; not imported: no torch here).
 REQUEUE_EXIT_CODE = 75
-HEARTBEAT_S = 10.0
 POLL_S = 0.25
 _PR_SET_PDEATHSIG = 1
 
@@ -206,13 +206,16 @@ class Sweep:
                     "PYTHONUNBUFFERED": "1"})
         return env
 
-    def start(self, frozen: FrozenTrial) -> None:
-        number = frozen.number
+    def claim(self) -> optuna.Trial | None:
+        """The next WAITING trial, claimed, with its own seeded sampler (:func:`recipes.sweeps.study.claim_trial`)."""
+        return claim_trial(self.study, self.storage, self.args.storage,
+                           sampler=lambda number: make_sampler(self.args.sampler, self.args.seed, number))
+
+    def start(self, trial: optuna.Trial) -> None:
+        number = trial.number
         tid = trial_id(self.storage, self.study, number)
-        self.study.sampler = make_sampler(self.args.sampler, self.args.seed, number)
-        trial = optuna.Trial(self.study, tid)
-        params = suggest(trial, self.space)
-        attempts = int(frozen.user_attrs.get(ATTEMPTS_ATTR, 0)) + 1
+        params = suggest(trial, self.space)  # by the sampler claim() gave the study for this trial
+        attempts = int(trial.user_attrs.get(ATTEMPTS_ATTR, 0)) + 1
         trial.set_user_attr(RUN_NAME_ATTR, self.run_name(number))
         trial.set_user_attr(ATTEMPTS_ATTR, attempts)
         log = self.out_dir / f"trial-{number:03d}.log"
@@ -314,13 +317,13 @@ class Sweep:
                         if self.over_budget():
                             self.budget_stopped = True
                             break
-                        frozen = claim_trial(self.study, self.storage, self.args.storage)
-                        if frozen is None and not self.children:
-                            frozen = self._recover() and claim_trial(self.study, self.storage, self.args.storage)
-                        if not frozen:
+                        trial = self.claim()
+                        if trial is None and not self.children:
+                            trial = self.claim() if self._recover() else None
+                        if trial is None:
                             self._claim_after = time.monotonic() + 2.0  # nothing to claim: look again later
                             break
-                        self.start(frozen)
+                        self.start(trial)
                 if not self.children:
                     break
                 time.sleep(POLL_S)

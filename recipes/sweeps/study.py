@@ -3,10 +3,18 @@
 A study holds exactly ``--trials`` trials from the start: the process that creates it enqueues them all as
 WAITING (the first ones with ``--enqueue``'s fixed parameters), so however many processes on however many
 machines join, no trial is made twice and the count is exact. A process claims the lowest WAITING trial
-(Optuna's own WAITING -> RUNNING transition, which fails for all but one claimant) and samples its
-parameters only then, with the history so far. A trial stopped by a notice goes back to WAITING with its
-parameters: whoever claims it next resumes the same run. A trial whose process died without saying so
-(SIGKILL, a lost machine) is found by its heartbeat and handed back the same way.
+(Optuna's ``Study.ask``: its WAITING -> RUNNING transition, which fails for all but one claimant) and samples
+its parameters only then, with the history so far. A trial stopped by a notice goes back to WAITING with its
+parameters: whoever claims it next resumes the same run.
+
+A trial whose process died without saying so (SIGKILL, a lost machine) is handed back the same way. Its
+liveness is Optuna's heartbeat (``RDBStorage.record_heartbeat``, stamped with the database's clock, so machines
+whose clocks disagree still agree on its age) beside an owner token (host, pid). What Optuna lacks is written
+here: its stale trials are failed (``optuna.storages.fail_stale_trials``; FAIL is final) and retried as new
+trials (``RetryHeartbeatStaleTrialCallback``) under a new number, so a sweep would outgrow ``--trials`` and the
+copy would start a new run instead of resuming the same trial's run from its checkpoints; so a stale trial goes
+back to WAITING as itself. And a heartbeat knows no process: the owner token finds a dead sweep process on this
+host at once (a relaunch right after a SIGKILL resumes its trials), not after the grace period.
 
 Creating, growing and claiming happen under a lock for the whole study: a file lock beside a sqlite
 database (a sqlite study lives on one machine; pysqlite reads before it locks, so Optuna's claim alone is
@@ -18,25 +26,29 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
 from filelock import FileLock
-from optuna.exceptions import DuplicatedStudyError, UpdateFinishedTrialError
-from optuna.trial import FrozenTrial, TrialState
+from optuna.exceptions import DuplicatedStudyError, ExperimentalWarning
+from optuna.trial import TrialState
 
 from recipes.run.common import UsageError
 
-__all__ = ["OWNER_ATTR", "claim_trial", "make_pruner", "make_sampler", "open_storage", "open_study", "release",
-           "stale_trials", "study_lock", "trial_id"]
+__all__ = ["HEARTBEAT_S", "OWNER_ATTR", "claim_trial", "heartbeat", "make_pruner", "make_sampler", "open_storage",
+           "open_study", "release", "stale_trials", "study_lock", "trial_id"]
 
-#: Trial system attr: which process runs the trial, and when it last said so.
+#: Trial system attr: which process runs the trial (host, pid); its heartbeat is Optuna's.
 OWNER_ATTR = "atscale.owner"
+#: Seconds between the heartbeats a sweep process records for each trial it runs.
+HEARTBEAT_S = 10
 #: Study user attrs: the settings every process must share, the planned trial count, the parent MLflow run.
 SETTINGS_ATTR = "atscale.settings"
 TRIALS_ATTR = "atscale.trials"
@@ -231,24 +243,30 @@ def trial_id(storage: optuna.storages.BaseStorage, study: optuna.Study, number: 
     return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study.study_name), number)
 
 
-def claim_trial(study: optuna.Study, storage: optuna.storages.RDBStorage, url: str) -> FrozenTrial | None:
-    """Claim the lowest WAITING trial for this process (WAITING -> RUNNING), or None if none is left."""
+def claim_trial(study: optuna.Study, storage: optuna.storages.RDBStorage, url: str,
+                sampler: Callable[[int], optuna.samplers.BaseSampler] | None = None) -> optuna.Trial | None:
+    """Claim the lowest WAITING trial for this process (WAITING -> RUNNING), or None if none is left.
+
+    ``sampler(number)``, when given, becomes the study's sampler before the trial is asked for (it samples the
+    trial's parameters).
+    """
     with study_lock(storage, url, study.study_name):
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            tid = trial_id(storage, study, trial.number)
-            try:
-                if not storage.set_trial_state_values(tid, state=TrialState.RUNNING):
-                    continue
-            except UpdateFinishedTrialError:
-                continue
-            heartbeat(storage, tid)
-            return storage.get_trial(tid)
-    return None
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if not waiting:
+            return None  # never ask(): with no trial waiting it would add one past --trials
+        if sampler is not None:
+            study.sampler = sampler(waiting[0].number)
+        # pops the lowest WAITING trial: every claimant holds this lock, so the one seen above
+        trial = study.ask()
+        tid = trial_id(storage, study, trial.number)
+        heartbeat(storage, tid)
+        storage.set_trial_system_attr(tid, OWNER_ATTR, owner_token())
+        return trial
 
 
 def heartbeat(storage: optuna.storages.RDBStorage, trial_id: int) -> None:
-    """Say that this process still runs the trial."""
-    storage.set_trial_system_attr(trial_id, OWNER_ATTR, {**owner_token(), "beat": time.time()})
+    """Say that this process still runs the trial (Optuna's heartbeat: the database's clock)."""
+    storage.record_heartbeat(trial_id)
 
 
 def release(storage: optuna.storages.RDBStorage, trial_id: int) -> None:
@@ -257,35 +275,54 @@ def release(storage: optuna.storages.RDBStorage, trial_id: int) -> None:
     storage.set_trial_state_values(trial_id, state=TrialState.WAITING)
 
 
-def _dead(owner: Any, now: float, stale_after_s: float) -> bool:
-    if not isinstance(owner, Mapping):
+def _process_gone(owner: Any) -> bool:
+    """Whether the owner token names a process of this host that has ended (Optuna's heartbeat knows no process)."""
+    if not isinstance(owner, Mapping) or owner.get("host") != socket.gethostname() or owner.get("pid") == os.getpid():
+        return False
+    try:
+        os.kill(int(owner.get("pid", 0)), 0)
+    except ProcessLookupError:
         return True
-    if owner.get("host") == socket.gethostname():
-        if owner.get("pid") == os.getpid():
-            return False
-        try:
-            os.kill(int(owner.get("pid", 0)), 0)
-        except ProcessLookupError:
-            return True
-        except (PermissionError, ValueError, OverflowError):
-            pass
-    return now - float(owner.get("beat", 0)) > stale_after_s
+    except (PermissionError, ValueError, OverflowError):
+        pass
+    return False
+
+
+def _stale_heartbeats(storage: optuna.storages.RDBStorage, study: optuna.Study, stale_after_s: float) -> set[int]:
+    """The ids of the study's RUNNING trials whose Optuna heartbeat is older than ``stale_after_s``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalWarning)  # heartbeat_interval: experimental since Optuna 2.9
+        watch = optuna.storages.RDBStorage(storage.url, engine_kwargs=storage.engine_kwargs,
+                                           skip_compatibility_check=True, skip_table_creation=True,
+                                           heartbeat_interval=HEARTBEAT_S,
+                                           grace_period=max(1, math.ceil(stale_after_s)))
+    try:
+        # private: RDBStorage._get_stale_trial_ids (the abstract method of Optuna's BaseHeartbeat that every
+        # heartbeat storage implements; checked on Optuna 5.1). Its only public caller, fail_stale_trials, FAILs the
+        # trials it finds (final), where a sweep hands them back to WAITING as themselves (module docstring).
+        return set(watch._get_stale_trial_ids(storage.get_study_id_from_name(study.study_name)))
+    finally:
+        watch.engine.dispose()
 
 
 def stale_trials(study: optuna.Study, storage: optuna.storages.RDBStorage, url: str, stale_after_s: float,
                  mine: set[int]) -> list[int]:
-    """Hand back RUNNING trials whose process is gone (dead pid on this host, or no heartbeat for
-    ``stale_after_s``); returns their numbers."""
+    """Hand back RUNNING trials whose process is gone (a dead pid on this host, or no Optuna heartbeat for
+    ``stale_after_s``, whole seconds); returns their numbers."""
     handed: list[int] = []
     with study_lock(storage, url, study.study_name):
+        stale = _stale_heartbeats(storage, study, stale_after_s)
         now = time.time()
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             if trial.number in mine:
                 continue
+            tid = trial_id(storage, study, trial.number)
             owner = trial.system_attrs.get(OWNER_ATTR)
-            if owner is None and trial.datetime_start is not None:
-                owner = {"beat": trial.datetime_start.timestamp()}
-            if _dead(owner, now, stale_after_s):
-                release(storage, trial_id(storage, study, trial.number))
+            # no owner: its claimant died inside claim_trial, maybe before its first heartbeat (which Optuna
+            # then never finds stale): its start is its last sign of life
+            unclaimed = owner is None and trial.datetime_start is not None and \
+                now - trial.datetime_start.timestamp() > stale_after_s
+            if tid in stale or _process_gone(owner) or unclaimed:
+                release(storage, tid)
                 handed.append(trial.number)
     return handed

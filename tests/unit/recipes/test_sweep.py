@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -204,37 +205,42 @@ def test_a_released_trial_is_claimed_again_with_its_parameters(tmp_path: Path) -
     url = sqlite_url(tmp_path)
     storage = study.open_storage(url)
     s, _ = study.open_study(storage, url, "s", "maximize", SETTINGS, 2, [])
-    frozen = study.claim_trial(s, storage, url)
-    assert frozen is not None and frozen.number == 0
+    trial = study.claim_trial(s, storage, url, sampler=lambda number: study.make_sampler("tpe", 42, number))
+    assert trial is not None and trial.number == 0
+    value = trial.suggest_float("x", 0.0, 1.0)
     tid = study.trial_id(storage, s, 0)
-    s.sampler = study.make_sampler("tpe", 42, 0)
-    value = optuna.Trial(s, tid).suggest_float("x", 0.0, 1.0)
     study.release(storage, tid)
     assert storage.get_trial(tid).state == TrialState.WAITING
-    again = study.claim_trial(s, storage, url)
+    # another draw would differ: the stored value is kept
+    again = study.claim_trial(s, storage, url, sampler=lambda number: study.make_sampler("tpe", 7, 99))
     assert again is not None and again.number == 0
-    s.sampler = study.make_sampler("tpe", 7, 99)  # another draw would differ: the stored value is kept
-    assert optuna.Trial(s, tid).suggest_float("x", 0.0, 1.0) == value
+    assert again.suggest_float("x", 0.0, 1.0) == value
+    assert study.claim_trial(s, storage, url).number == 1
+    assert study.claim_trial(s, storage, url) is None  # none waiting: no trial is added past --trials
+    assert len(s.get_trials()) == 2
 
 
 def test_a_trial_whose_process_died_is_handed_back_and_a_live_ones_is_not(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path)
     storage = study.open_storage(url)
-    s, _ = study.open_study(storage, url, "s", "maximize", SETTINGS, 2, [])
+    s, _ = study.open_study(storage, url, "s", "maximize", SETTINGS, 3, [])
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
-    first, second = study.claim_trial(s, storage, url), study.claim_trial(s, storage, url)
-    assert first is not None and second is not None
+    trials = [study.claim_trial(s, storage, url) for _ in range(3)]
+    assert [t.number for t in trials if t is not None] == [0, 1, 2]
     owner = study.owner_token()
-    storage.set_trial_system_attr(study.trial_id(storage, s, 0), study.OWNER_ATTR,
-                                  {**owner, "pid": int(dead.stdout), "beat": 1e18})
-    storage.set_trial_system_attr(study.trial_id(storage, s, 1), study.OWNER_ATTR,
-                                  {**owner, "pid": os.getppid(), "beat": 1e18})
+    tids = [study.trial_id(storage, s, number) for number in range(3)]
+    storage.set_trial_system_attr(tids[0], study.OWNER_ATTR, {**owner, "pid": int(dead.stdout)})
+    storage.set_trial_system_attr(tids[1], study.OWNER_ATTR, {**owner, "pid": os.getppid()})
+    storage.set_trial_system_attr(tids[2], study.OWNER_ATTR, {"host": "elsewhere", "pid": 1})
+    # a dead process on this host: at once, whatever its heartbeat says; live ones and fresh heartbeats stay
     assert study.stale_trials(s, storage, url, stale_after_s=3600, mine=set()) == [0]
-    assert [t.state for t in s.get_trials()] == [TrialState.WAITING, TrialState.RUNNING]
-    storage.set_trial_system_attr(study.trial_id(storage, s, 1), study.OWNER_ATTR,
-                                  {"host": "elsewhere", "pid": 1, "beat": 0.0})
-    assert study.stale_trials(s, storage, url, stale_after_s=3600, mine=set()) == [1]  # no heartbeat for ages
+    assert [t.state for t in s.get_trials()] == [TrialState.WAITING, TrialState.RUNNING, TrialState.RUNNING]
+    time.sleep(2.1)  # Optuna's heartbeat: whole seconds of the database's clock
+    study.heartbeat(storage, tids[1])  # trial 1's process still beats; trial 2's (another machine) fell silent
+    assert study.stale_trials(s, storage, url, stale_after_s=1, mine=set()) == [2]
+    assert study.stale_trials(s, storage, url, stale_after_s=1, mine={1}) == []  # nor is a trial of its own taken
+    assert [t.state for t in s.get_trials()] == [TrialState.WAITING, TrialState.RUNNING, TrialState.WAITING]
 
 
 def test_each_trial_draws_from_its_own_seed() -> None:
