@@ -2,8 +2,9 @@
 
 The lock is ``filelock``'s :class:`~filelock.FileLock` on ``<run dir>/.lock`` (on Linux an ``flock``), held by the
 launching process for its whole life. The kernel drops it when the process dies however it dies (SIGKILL
-included), so no stale lock outlives its holder on the same machine; on NFS the server releases it when the
-client's lease ends. It protects one filesystem: two machines staging the same object-storage run in their own
+included), so no stale lock outlives its holder on the same machine; filelock closes the descriptor in a forked
+child (a dataloader worker), so no such child keeps it past its holder either. On NFS the server releases it
+when the client's lease ends. It protects one filesystem: two machines staging the same object-storage run in their own
 local directories do not see each other's lock.
 
 What filelock has no notion of, and is written here:

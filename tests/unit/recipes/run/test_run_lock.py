@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +46,33 @@ def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
     lock.acquire()  # the killed holder's lock is gone with it
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def test_a_worker_forked_by_the_holder_does_not_keep_the_lock_after_the_holder_dies(tmp_path: Path) -> None:
+    """A dataloader worker forked by the run inherits the lock's descriptor: filelock closes it in the child, so the
+    holder's SIGKILL still frees the run while the worker lives on (an inherited flock held it before)."""
+    code = ("import os, sys, time; sys.path.insert(0, sys.argv[1]); from recipes.run.lock import RunLock; "
+            "lock = RunLock(sys.argv[2]); lock.acquire(); worker = os.fork()\n"
+            "if worker == 0: time.sleep(60); os._exit(0)\n"
+            "print(worker, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).resolve().parents[4]), str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    worker = 0
+    try:
+        assert proc.stdout is not None
+        worker = int(proc.stdout.readline())
+        proc.kill()
+        proc.wait()
+        assert Path(f"/proc/{worker}").exists()  # the worker outlives the holder
+        lock = RunLock(tmp_path)
+        lock.acquire()
+        lock.release()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if worker:
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_a_read_only_directory_raises_oserror(tmp_path: Path) -> None:
