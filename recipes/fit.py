@@ -21,8 +21,9 @@ SLURM (one task per GPU; SIGUSR1 90 s before the time limit checkpoints and requ
     srun python -m recipes.fit --config configs/digits.yaml --config configs/strategy/ddp.yaml \\
         --trainer.num_nodes 2 --trainer.devices 8
 
-Relaunching with the same ``--run_name`` resumes the run. Exit codes: 0 done, 2 bad input,
-75 interrupted after a checkpoint (requeue it), 1 anything else.
+Relaunching with the same ``--run_name`` resumes the run. Exit codes: 0 done, 2 bad input, 75 stopped to be
+relaunched (an interruption notice after its checkpoint, a lost peer, a hang, streamed data out of reach: requeue
+it), 130 Ctrl-C, 1 anything else.
 """
 
 from __future__ import annotations
@@ -66,20 +67,15 @@ def cpu_thread_env(setting: str, env: Mapping[str, str]) -> dict[str, str]:
 
 
 def main(args: list[str] | None = None) -> int:
-    from recipes.run.cli import run_cli  # here, not at the top: `python -m recipes.fit` sets OpenMP's environment first
+    """Parse, decide, train and report (:func:`recipes.run.cli.run_cli`); returns the process's exit code.
 
-    return run_cli(args)
-
-
-def main_then_exit() -> int:
-    """The process's entry point: the run's outcome decides the exit code, not a stop signal during the exit.
-
-    Once ``run_cli`` returned, the run is recorded; a SIGTERM or SIGINT now raised inside the exit handlers
-    (MLflow's flush) or, after the interpreter put the default action back, ended a complete run with -15.
+    Once the run is recorded, a SIGTERM or SIGINT can no longer change the outcome: one raised inside the exit
+    handlers (MLflow's flush) would otherwise end a complete run with -15.
     """
+    from recipes.run.cli import run_cli  # here, not at the top: `python -m recipes.fit` sets OpenMP's environment first
     from recipes.run.process import ignore_stop_signals
 
-    code = main()
+    code = run_cli(args)
     ignore_stop_signals()
     return code
 
@@ -89,4 +85,4 @@ if __name__ == "__main__":
     os.environ.update(cpu_thread_env(cpu_threads_setting(sys.argv[1:]), os.environ))
     from recipes.run.shutdown import run_and_exit
 
-    run_and_exit(main_then_exit)  # ends without the interpreter's teardown (recipes.run.shutdown says why)
+    run_and_exit(main)  # ends without the interpreter's teardown (recipes.run.shutdown says why)

@@ -395,7 +395,9 @@ class AtscaleCLI(LightningCLI):
             if logger is not None and run_id is not None:
                 # never leave the run RUNNING: a stopped attempt is KILLED (the relaunch continues it)
                 release_interrupted_frames(err)  # a stop raised outside trainer.fit: before the store write
+                # a stop to be relaunched: a signal, a lost peer, or a component's exit 75 (streamed data gone)
                 stopped = isinstance(err, STOP_EXCEPTIONS) or (
+                    isinstance(err, SystemExit) and err.code == REQUEUE_EXIT_CODE) or (
                     isinstance(err, Exception) and lost_peer(err) is not None)
                 try:
                     logger.experiment.set_terminated(run_id, "KILLED" if stopped else "FAILED")
@@ -505,7 +507,10 @@ def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
     was opened) is marked KILLED, and the exit code is 75 (relaunch to resume) or 130 (Ctrl-C).
     """
     reset_stop_signals()
-    code = _run_cli(args, **kwargs)
+    outcome = launch(args, **kwargs)
+    if outcome.message is not None:
+        print(outcome.message, file=sys.stderr if outcome.error else sys.stdout)
+    code = outcome.code
     wrap_up_done()
     if stopping() or code in (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE):  # a stop: nothing more to do
         ignore_stop_signals()
@@ -524,13 +529,6 @@ class Launch:
     error: bool = False
     #: Bad input (exit 2): :attr:`message` says which value.
     usage: bool = False
-
-
-def _run_cli(args: list[str] | None, **kwargs: Any) -> int:
-    outcome = launch(args, **kwargs)
-    if outcome.message is not None:
-        print(outcome.message, file=sys.stderr if outcome.error else sys.stdout)
-    return outcome.code
 
 
 def launch(args: list[str] | None, **kwargs: Any) -> Launch:

@@ -223,6 +223,8 @@ def test_bucket_gone_mid_run_ends_in_one_line_and_resumes(dataset: str, moto_s3:
                              "resumes from the newest checkpoint."), lines
     assert "Traceback" not in first.stderr
     assert moto_s3.env["AWS_SECRET_ACCESS_KEY"] not in first.stderr
+    # stopped to be relaunched, as after a spot notice: KILLED, not FAILED
+    assert [r.info.status for r in runs_of(tmp_path, "digits-stream") if r.info.run_name == "gone"] == ["KILLED"]
     moto_s3.make_bucket(bucket)
     for key in keys:
         client.copy_object(Bucket=bucket, Key=key, CopySource={"Bucket": BUCKET, "Key": key})
