@@ -7,11 +7,14 @@ record must be one run with a continuous step axis.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,8 @@ from tests.conftest import (
 )
 
 EPOCHS = 3
+STEPS_PER_EPOCH = 45  # the digits recipe's training batches per epoch on one device
+SAVE_TRIES = 50  # saves the SIGKILL test may see finish before it catches one under way
 NOTICE_TO_SAVED_GOAL_S = 2.0  # README, "Spot safety" and the goals table: notice -> checkpoint on disk
 BASE = ("--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs", str(EPOCHS),
         "--trainer.log_every_n_steps", "1", *FAST,
@@ -40,6 +45,40 @@ REFERENCE_TIMEOUT_S = 600  # each of the two uninterrupted reference fits
 # The module fixture runs the slow part before the first test, each run under its own subprocess timeout
 # (REFERENCE_TIMEOUT_S); pytest-timeout times the test functions alone, so a slow machine does not fail the first test.
 pytestmark = pytest.mark.timeout(600, func_only=True)
+
+
+def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 300.0,
+             poll_s: float = 0.01) -> None:
+    """Wait until ``condition()``; fail, naming ``what``, if the launch ends first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the launch ended (exit {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def frozen(proc: subprocess.Popen) -> Iterator[None]:
+    """Inside: every thread of the launch (its own process group) is stopped, so what the test reads of it holds
+    until the test acts (a signal sent meanwhile meets the state read)."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not all(_stopped(task) for task in Path(f"/proc/{proc.pid}/task").glob("*")):
+        assert time.monotonic() < deadline, "the launch did not stop within 10 s of SIGSTOP"
+        time.sleep(0.001)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+
+
+def _stopped(task: Path) -> bool:
+    try:
+        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):  # the thread ended
+        return True
+    return state in ("T", "t", "Z", "X")
 
 
 def step_axis(workdir: Path, key: str = "train/loss") -> list[int]:
@@ -71,7 +110,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.parametrize(("strategy", "extra", "drills"), [
     # seeded-random training steps, plus a stop during the validation of epoch 1
-    ("single", (), sorted(random.Random(0).sample(range(1, 45 * EPOCHS - 1), 2))),
+    ("single", (), sorted(random.Random(0).sample(range(1, STEPS_PER_EPOCH * EPOCHS - 1), 2))),
     # under DDP one of them at the last batch of epoch 0 (23 batches a rank): its validation still runs
     ("ddp", DDP, [random.Random(1).randrange(1, 23), 23]),
 ])
@@ -98,19 +137,26 @@ def test_interrupted_run_is_bitwise_identical(reference: dict, tmp_path: Path, s
 
 
 def test_external_sigterm_mid_training(reference: dict, tmp_path: Path) -> None:
-    """A real SIGTERM from outside (as a scheduler sends it) at a seeded-random moment of training."""
-    run_dir = tmp_path / "runs" / "digits" / "ext"
-    proc = start_fit(tmp_path, *BASE, "--run_name", "ext", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not list((run_dir / "checkpoints").glob("step=*.meta.json")) and time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    time.sleep(random.Random(2).uniform(0.0, 0.5))  # somewhere in epoch 1
-    os.kill(proc.pid, signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == REQUEUE_EXIT_CODE, stderr[-3000:]
-    relaunch_until_done(tmp_path, *BASE, "--run_name", "ext")
+    """A real SIGTERM from outside (as a scheduler sends it) once training is inside epoch 1 (epoch 0's checkpoint
+    is published, which happens once the loop has started the next step): the run saves at that step's boundary,
+    inside epoch 1, exits 75, and the relaunch resumes from that save and ends bitwise equal."""
+    checkpoints = tmp_path / "runs" / "digits" / "ext" / "checkpoints"
+    with open(tmp_path / "launch.err", "w") as err:
+        proc = start_fit(tmp_path, *BASE, "--run_name", "ext", stdout=subprocess.DEVNULL, stderr=err)
+        wait_for(lambda: bool(list(checkpoints.glob("step=*.meta.json"))), proc, "epoch 0's checkpoint")
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=300)
+    stderr = (tmp_path / "launch.err").read_text()
+    assert code == REQUEUE_EXIT_CODE, stderr[-3000:]
+    notices = re.findall(r"Interruption notice \(signal\) -> checkpoint of step (\d+) on disk", stderr)
+    assert len(notices) == 1, stderr[-3000:]
+    step = int(notices[0])
+    assert STEPS_PER_EPOCH < step < 2 * STEPS_PER_EPOCH, stderr[-3000:]  # mid-epoch 1: past its start, not its end
+    saved = ckpt_store.newest_good(checkpoints, CHECKPOINT_PATTERN)
+    assert saved is not None and saved.global_step == step
+    resumed = run_fit(tmp_path, *BASE, "--run_name", "ext")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step={step:08d}.ckpt (step {step})." in resumed.stderr
     assert_bitwise_equal(final_weights(reference["single"], "ref"), final_weights(tmp_path, "ext"))
     assert step_axis(tmp_path) == step_axis(reference["single"])
 
@@ -161,21 +207,40 @@ def test_slurm_requeue_is_called_after_the_notice_save(tmp_path: Path) -> None:
     assert run.info.status == "KILLED"  # resumable: the relaunch reopens it
 
 
+def writing(checkpoints: Path) -> list[Path]:
+    """The temporary files of checkpoints whose bytes are being written (``ckpt_store.atomic_write``), not records."""
+    return list(checkpoints.glob(".step=*.ckpt.tmp-*"))
+
+
 def test_sigkill_while_saving_then_relaunch_is_exact(reference: dict, tmp_path: Path) -> None:
-    """No notice at all: SIGKILL lands while periodic checkpoints are written (one every step); the
-    relaunch resumes from the newest checkpoint that verifies and still ends bitwise equal."""
+    """No notice at all: SIGKILL lands while a periodic checkpoint's bytes are being written (one save every step;
+    the test holds the process still once it sees a save's temporary file, and kills it there, trying again at
+    the next save if the write finished first). The save leaves only its temporary file, never a checkpoint
+    that lookups take; the relaunch resumes from the newest checkpoint that verifies, older than the
+    interrupted one, and still ends bitwise equal."""
     args = (*BASE, "--run_name", "killed", "--spot.every_n_steps", "1", "--async_checkpoint", "false")
     ckpt_dir = tmp_path / "runs" / "digits" / "killed" / "checkpoints"
-    proc = start_fit(tmp_path, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while not list(ckpt_dir.glob("step=*.meta.json")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(random.Random(3).uniform(0.2, 1.0))  # saving every step: most likely inside a write
-    proc.kill()
-    assert proc.wait(timeout=60) == -signal.SIGKILL
+    with open(tmp_path / "launch.err", "w") as err:
+        proc = start_fit(tmp_path, *args, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        wait_for(lambda: bool(list(ckpt_dir.glob("step=*.meta.json"))), proc, "a first checkpoint to resume from")
+        partial: list[Path] = []
+        for _ in range(SAVE_TRIES):
+            wait_for(lambda: bool(writing(ckpt_dir)), proc, "a save under way", poll_s=0.002)
+            with frozen(proc):
+                partial = writing(ckpt_dir)
+                if partial:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    break
+        else:
+            pytest.fail(f"every one of {SAVE_TRIES} saves seen under way had finished before the process was stopped")
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    (tmp,) = partial
+    assert tmp.exists()  # the kill landed inside the write: nothing removed the temporary file
+    interrupted = int(re.fullmatch(r"\.step=(\d+)\.ckpt\.tmp-\d+", tmp.name).group(1))
+    assert ckpt_store.read_record(ckpt_dir / f"step={interrupted:08d}.ckpt", verify_hash=False) is None
     survivor = ckpt_store.newest_good(ckpt_dir, CHECKPOINT_PATTERN)
-    assert survivor is not None
+    assert survivor is not None and survivor.global_step < interrupted
     result = run_fit(tmp_path, *args)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"(step {survivor.global_step})." in result.stderr  # the newest checkpoint that verifies
+    assert f"step={survivor.global_step:08d}.ckpt (step {survivor.global_step})." in result.stderr
     assert_bitwise_equal(final_weights(reference["single"], "ref"), final_weights(tmp_path, "killed"))
