@@ -21,6 +21,13 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
   ``callbacks/utils/compat.py``.
 - :func:`async_write_state`: whether an MLflow async write (the ``RunOperations`` a ``log_batch(...,
   synchronous=False)`` returns) is done and how it ended; ``RunOperations`` offers only a blocking ``wait()``.
+- :func:`jsonargparse_error_line`: jsonargparse's parse error read from its words (``Parser key "..."``, ``Given
+  value: ...``, ``Expected a <class '...'>``): it raises an ``ArgumentError`` whose only content is that text (its
+  ``argument_name`` is None), so the key and the bad value are in the words alone (jsonargparse 4.53).
+- :func:`gloo_lost_peer`: a lost peer rank read from gloo's words. torch (2.14) raises gloo's transport error as a
+  plain ``RuntimeError``, not as ``torch.distributed.DistNetworkError``; that type comes only from the rendezvous
+  store's socket, and there it also means a store that never answered (a wrong address: a requeue would loop), and
+  ``DistBackendError`` is any failure of a backend (NCCL's). No type says "the peer was there and is gone".
 - :class:`HelpFormatter`: argparse's ``HelpFormatter._get_help_string``, the one hook that decides whether an
   option's help says its default (argparse documents its formatter classes' names, not their methods).
 """
@@ -28,6 +35,7 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 #: ``ModelCheckpoint.state_dict()``'s keys that hold one absolute path each; ``best_k_models`` maps paths to scores.
@@ -58,6 +66,49 @@ def async_write_state(operation: Any) -> tuple[bool, BaseException | None]:
     if not all(future.done() for future in futures):
         return False, None
     return True, next((f.exception() for f in futures if f.exception() is not None), None)
+
+
+def jsonargparse_error_line(message: str) -> str:
+    """jsonargparse's parse error cut to one line: the key, what it expects, the value given (else its first lines).
+
+    jsonargparse nests every Union alternative it tried (``LightningModule | None`` and so on) into a dozen lines;
+    a person needs the key and the bad value, which it says only in those words.
+    """
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    nested = re.findall(r"NestedArg\(key='([^']+)', val='([^']*)'\)", message)
+    given = re.findall(r"Given value: (.*)", message)
+    expected = [e for e in re.findall(r"Expected a <class '([\w.]+)'>", message) if e != "NoneType"]
+    problem = re.findall(r"Problem with given class_path '[^']+':\s*(?!Parser key)(.+)", message)
+    if not keys and message.startswith("Does not validate against any of the Union subtypes"):
+        # a class's own error while jsonargparse instantiated it (say ImageClassifier's bad cost matrix)
+        errors = [e for e in re.findall(r"^\s*- (.+)$", message, re.MULTILINE) if "NoneType" not in e]
+        return errors[0] if errors else " ".join(lines[:2])
+    if keys and nested:
+        key, value = f"{keys[0]}.init_args.{nested[-1][0]}", nested[-1][1]
+    elif keys and given:
+        key, value = keys[0], given[-1]
+    else:
+        return " ".join(lines[:2]) if lines else message
+    if expected:
+        return f"{key}: expected {expected[0].rsplit('.', 1)[-1]}, got {value!r}"
+    if problem:
+        return f"{key}: {problem[-1]}"
+    return f"{key}: invalid value {value!r}"
+
+
+#: gloo's transport (TCP) saying its peer process is gone: the words and the peer's address.
+_GLOO_LOST_PEER = re.compile(r"gloo/transport/tcp/\S+\] (?:Read error )?(?:\[(?P<addr1>[^\]]+)\]:(?P<port1>\d+): )?"
+                             r"(?P<what>Connection (?:reset|closed) by peer)(?: \[(?P<addr2>[^\]]+)\]:(?P<port2>\d+))?")
+
+
+def gloo_lost_peer(error: BaseException) -> str | None:
+    """``"Connection reset by peer at host:port"`` when ``error`` is gloo's saying a peer's connection is gone."""
+    match = _GLOO_LOST_PEER.search(str(error))
+    if not match:
+        return None
+    addr, port = match["addr1"] or match["addr2"], match["port1"] or match["port2"]
+    return f"{match['what']} at {addr}:{port}" if addr else match["what"]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

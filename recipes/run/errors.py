@@ -8,7 +8,6 @@ and an exit code instead of a traceback.
 from __future__ import annotations
 
 import errno
-import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,29 +22,11 @@ def parse_error_message(message: str) -> str:
     """jsonargparse's error cut to one line: the key, what it expects, the value given.
 
     jsonargparse nests every Union alternative it tried (``LightningModule | None`` and so on) into a
-    dozen lines; a person needs the key and the bad value.
+    dozen lines; a person needs the key and the bad value. Read from its words: :mod:`recipes.run.compat`.
     """
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    nested = re.findall(r"NestedArg\(key='([^']+)', val='([^']*)'\)", message)
-    given = re.findall(r"Given value: (.*)", message)
-    expected = [e for e in re.findall(r"Expected a <class '([\w.]+)'>", message) if e != "NoneType"]
-    problem = re.findall(r"Problem with given class_path '[^']+':\s*(?!Parser key)(.+)", message)
-    if not keys and message.startswith("Does not validate against any of the Union subtypes"):
-        # a class's own error while jsonargparse instantiated it (say ImageClassifier's bad cost matrix)
-        errors = [e for e in re.findall(r"^\s*- (.+)$", message, re.MULTILINE) if "NoneType" not in e]
-        return errors[0] if errors else " ".join(lines[:2])
-    if keys and nested:
-        key, value = f"{keys[0]}.init_args.{nested[-1][0]}", nested[-1][1]
-    elif keys and given:
-        key, value = keys[0], given[-1]
-    else:
-        return " ".join(lines[:2]) if lines else message
-    if expected:
-        return f"{key}: expected {expected[0].rsplit('.', 1)[-1]}, got {value!r}"
-    if problem:
-        return f"{key}: {problem[-1]}"
-    return f"{key}: invalid value {value!r}"
+    from .compat import jsonargparse_error_line
+
+    return jsonargparse_error_line(message)
 
 
 def causes(err: BaseException) -> Iterator[BaseException]:
@@ -140,27 +121,22 @@ def machine_failure(err: BaseException, store: str | None, step: int | None = No
     return None
 
 
-#: A collective's transport saying its peer process is gone (gloo over TCP): the message and the peer's address.
-_LOST_PEER = re.compile(r"gloo/transport/tcp/\S+\] (?:Read error )?(?:\[(?P<addr1>[^\]]+)\]:(?P<port1>\d+): )?"
-                        r"(?P<what>Connection (?:reset|closed) by peer)(?: \[(?P<addr2>[^\]]+)\]:(?P<port2>\d+))?")
-
-
 def lost_peer(err: BaseException) -> str | None:
     """What a failure says about a lost peer rank ("Connection reset by peer at host:port"), following its causes.
 
     A peer that died (its node lost, its process killed) fails the others' next collective. That is a stop, not
     a bug: under ``torchrun --nnodes MIN:MAX`` the survivors restart on the nodes left and resume from the newest
     checkpoint, so the failure is one line, not a traceback of the collective.
+
+    Told by gloo's words, not by a type: torch raises gloo's lost connection as a plain ``RuntimeError``, and its
+    typed errors do not tell a lost peer apart (:func:`recipes.run.compat.gloo_lost_peer` says how each falls short).
     """
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        match = _LOST_PEER.search(str(current)) if isinstance(current, RuntimeError) else None
-        if match:
-            addr, port = match["addr1"] or match["addr2"], match["port1"] or match["port2"]
-            return f"{match['what']} at {addr}:{port}" if addr else match["what"]
-        current = current.__cause__ or current.__context__
+    from .compat import gloo_lost_peer
+
+    for current in causes(err):
+        found = gloo_lost_peer(current) if isinstance(current, RuntimeError) else None
+        if found:
+            return found
     return None
 
 

@@ -137,10 +137,19 @@ ALLOWED_PRIVATES: dict[tuple[str, str], str] = {
     ("recipes/sweeps/runner.py", "trial = optuna.Trial(self.study, tid)"): "sweeps work",
     # owned by the sweeps work: see its report
     ("recipes/sweeps/pruning.py", "self._trial = optuna.Trial(study, self._tid)"): "sweeps work",
+    # the CPython exit hooks stay in the file users copy alone (docs/development.md, "Layout");
+    # tests/unit/recipes/run/test_compat.py fails when they change
+    ("recipes/run/shutdown.py", "threading._shutdown()"): "shutdown.py is copied alone",
+    ("recipes/run/shutdown.py", "atexit._run_exitfuncs()"): "shutdown.py is copied alone",
 }
 
 
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
+
+
+def _code(line: str) -> str:
+    """A line's code, less its indent and its trailing comment."""
+    return line.split("  #")[0].strip()
 
 
 def _private(name: str) -> bool:
@@ -356,7 +365,7 @@ def private_internals(project: _Project | None = None) -> list[str]:
             continue
         lines = (REPO / rel).read_text().splitlines()
         for line, what in _private_uses(rel, project):
-            if (rel, lines[line - 1].strip()) not in ALLOWED_PRIVATES:
+            if (rel, _code(lines[line - 1])) not in ALLOWED_PRIVATES:
                 found.append(f"{rel}:{line}: {what}")
     return found
 
@@ -426,5 +435,5 @@ def test_no_private_internals_of_libraries_outside_the_compat_modules() -> None:
 
 def test_each_allowed_private_is_still_there() -> None:
     for (rel, code), why in ALLOWED_PRIVATES.items():
-        assert code in {line.strip() for line in (REPO / rel).read_text().splitlines()}, \
+        assert code in {_code(line) for line in (REPO / rel).read_text().splitlines()}, \
             f"{rel}: {code!r} ({why}) is gone: unlist it from ALLOWED_PRIVATES"

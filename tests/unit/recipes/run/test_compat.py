@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+import pytest
+
 from recipes.run import compat
 
 
@@ -73,3 +75,87 @@ def test_async_write_state_reads_mlflows_run_operations(tmp_path: Path) -> None:
     finished, error = compat.async_write_state(RunOperations([done, failed]))
     assert finished and isinstance(error, RuntimeError), \
         "compat.async_write_state: mlflow's RunOperations no longer keeps its futures in _operation_futures"
+
+
+class Data:
+    """A class a jsonargparse key names by its class_path (the data module of a config)."""
+
+    def __init__(self, batch_size: int = 1) -> None:
+        self.batch_size = batch_size
+
+
+def _jsonargparse_error(argv: list[str]) -> str:
+    from jsonargparse import ArgumentError, ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--trainer.max_epochs", type=int | None)  # a Union with None, as Lightning's signatures
+    parser.add_argument("--data", type=Data | None)
+    try:
+        parser.parse_args(argv)
+    except ArgumentError as err:
+        return str(err)
+    raise AssertionError(f"jsonargparse took {argv}")
+
+
+def test_jsonargparse_error_line_reads_jsonargparses_words() -> None:
+    data = f"{Data.__module__}.Data"
+    for argv, line in ((["--trainer.max_epochs", "many"], "trainer.max_epochs: expected int, got 'many'"),
+                       (["--data", data, "--data.batch_size", "x"],
+                        "data.init_args.batch_size: expected int, got 'x'")):
+        message = _jsonargparse_error(argv)
+        assert compat.jsonargparse_error_line(message) == line, \
+            f"compat.jsonargparse_error_line: jsonargparse's words changed:\n{message}"
+
+
+_PEER = '''
+import os, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=timedelta(seconds=60))
+dist.all_reduce(torch.ones(4))
+if rank == 1:
+    os._exit(9)  # the peer is gone
+time.sleep(0.5)
+try:
+    dist.all_reduce(torch.ones(4))
+except Exception as err:
+    print(type(err).__module__ + "." + type(err).__qualname__)
+    print(err)
+os._exit(0)
+'''
+
+
+@pytest.mark.e2e
+def test_a_lost_gloo_peer_is_a_plain_runtime_error_in_gloos_words(tmp_path: Path) -> None:
+    """Two real gloo ranks, one ends: the other's collective fails as ``gloo_lost_peer`` reads it. When torch raises a
+    type for it (``DistNetworkError``), this fails: tell the lost peer by the type then."""
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+
+    script = tmp_path / "peer.py"
+    script.write_text(_PEER)
+    port = str(free_port())
+    gone = subprocess.Popen([sys.executable, str(script), "1", port])
+    survivor = subprocess.run([sys.executable, str(script), "0", port], capture_output=True, text=True, timeout=120)
+    gone.wait(timeout=60)
+    kind, _, message = survivor.stdout.partition("\n")
+    assert kind == "builtins.RuntimeError", \
+        f"compat.gloo_lost_peer: torch now raises gloo's lost peer as {kind}: tell it by that type\n{survivor.stderr}"
+    found = compat.gloo_lost_peer(RuntimeError(message))
+    assert found is not None and found.startswith("Connection closed by peer at 127.0.0.1:"), \
+        f"compat.gloo_lost_peer: gloo's words changed: {message!r}"
+
+
+def test_the_cpython_exit_hooks_shutdown_calls_are_there() -> None:
+    import atexit
+    import threading
+
+    for name, hook in (("threading._shutdown", getattr(threading, "_shutdown", None)),
+                       ("atexit._run_exitfuncs", getattr(atexit, "_run_exitfuncs", None))):
+        assert callable(hook), f"recipes/run/shutdown.py calls {name}(): it is gone"
+    assert not inspect.signature(threading._shutdown).parameters, \
+        "recipes/run/shutdown.py calls threading._shutdown() with no arguments: it takes some now"
