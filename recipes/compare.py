@@ -1,16 +1,22 @@
 """Compare the runs of an MLflow experiment: what differs between them, and what each reached.
 
-One row per run, best first by ``--metric``: its name and status, the final metrics, the baselines
-of the metric's kind (accuracies, or expected costs for ``val/expected_cost``) and the lift over the
-linear one, the wall time, and the cost where the run logged ``cost/usd``; and
-the config values that differ among the runs shown (the flattened params the CLI logs; a run that
-logged none, say one that crashed at start, makes no param differ). The table fits the terminal:
-the params are columns when they fit, else one row per param and one column per run. FAILED and
-KILLED runs are left out, and counted, unless ``--all``.
+Runs of one kind side by side: the experiment's plain runs in one table, and the runs of each sweep
+(``recipes.sweep``'s trials, ``recipes.scale``'s runs: the children of one parent run) in a table of their
+own, compared among themselves. A sweep's parent run stands for its children and is left out.
+
+By default a table has one row per run, best first by ``--metric``: its name and status, the metric,
+the lift over the linear baseline of the metric's kind (accuracies, or expected costs for
+``val/expected_cost``), the wall time, and the cost where the run logged ``cost/usd``; a line under it
+names the params that differ among its runs. ``--long`` adds the other validation metrics, the baselines
+and the values of the params that differ (the flattened params the CLI logs; a run that logged none, say
+one that crashed at start, makes no param differ): as columns when they fit the terminal, else one row
+per param and one column per run, or each run by what it changes from most runs. FAILED and KILLED runs
+are left out, and counted, unless ``--all``.
 
 Examples::
 
     python -m recipes.compare --experiment digits
+    python -m recipes.compare --experiment digits --long          # every metric, and the params' values
     python -m recipes.compare --experiment digits --all          # FAILED and KILLED runs too
     python -m recipes.compare --experiment digits --metric val/loss --plot compare.png
     python -m recipes.compare --experiment digits --metric val/expected_cost   # what mistakes cost (min)
@@ -46,6 +52,7 @@ from callbacks.analysis.keys import (
     LINEAR_COST_BASELINE_KEY,
     MAJORITY_BASELINE_KEY,
     MAJORITY_COST_BASELINE_KEY,
+    PARENT_RUN_TAG,
     VAL_PREFIX,
 )
 from recipes.run.common import (
@@ -60,7 +67,7 @@ from recipes.run.common import (
     tracking_uri,
 )
 
-__all__ = ["Comparison", "RunRow", "compare", "compare_figure", "differing_params", "main", "print_table",
+__all__ = ["Comparison", "Group", "RunRow", "compare", "compare_figure", "differing_params", "main", "print_table",
            "short_key", "write_plot"]
 
 LINEAR = LINEAR_BASELINE_KEY
@@ -158,6 +165,21 @@ PARENT_KINDS = {"scale": "scale sweep", "sweep": "sweep"}
 
 
 @dataclass
+class Group:
+    """Runs compared among themselves: the experiment's plain runs, or the children of one parent run.
+
+    Args:
+        title: what the runs are: ``experiment 'digits'``, ``sweep 'digits-lr'``, ``scale sweep 'scale-...'``.
+        rows: its runs, best first (as in :attr:`Comparison.rows`).
+        keys: the params that differ among them (see :func:`differing_params`).
+    """
+
+    title: str
+    rows: list[RunRow]
+    keys: list[str]
+
+
+@dataclass
 class Comparison:
     """What :func:`compare` found.
 
@@ -166,12 +188,36 @@ class Comparison:
         keys: the params that differ among them (see :func:`differing_params`).
         mode: ``"max"`` or ``"min"``.
         hidden: runs left out, counted by status (FAILED, KILLED without ``show_all``).
+        groups: the same rows, by kind: the plain runs first, then each parent run's children.
     """
 
     rows: list[RunRow]
     keys: list[str]
     mode: str
     hidden: dict[str, int] = field(default_factory=dict)
+    groups: list[Group] = field(default_factory=list)
+
+
+def _groups(runs: list[Run], parents: dict[str, Run], experiment: str) -> list[tuple[str, list[Run]]]:
+    """``runs`` by the parent run they nest under (none first), each with its title; parents in start order."""
+    by_parent: dict[str, list[Run]] = {}
+    for run in runs:
+        by_parent.setdefault(run.data.tags.get(PARENT_RUN_TAG, ""), []).append(run)
+
+    def start(parent_id: str) -> float:
+        parent = parents.get(parent_id)
+        return parent.info.start_time if parent is not None else min(r.info.start_time for r in by_parent[parent_id])
+
+    out = [(f"experiment {experiment!r}", by_parent.pop(""))] if "" in by_parent else []
+    for parent_id in sorted(by_parent, key=start):
+        parent = parents.get(parent_id)
+        if parent is None:
+            title = f"runs under parent run {parent_id[:8]}"
+        else:
+            kind = PARENT_KINDS.get(parent.data.tags.get(KIND_TAG, ""), "parent run")
+            title = f"{kind} {parent.info.run_name or parent_id[:8]!r}"
+        out.append((title, by_parent[parent_id]))
+    return out
 
 
 def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str | None = None,
@@ -194,6 +240,7 @@ def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
     """
     exp = get_experiment(client, experiment, tracking_uri)
     runs = all_runs(client, [exp.experiment_id])
+    every_run = {r.info.run_id: r for r in runs}
     if not runs:
         raise UsageError(f"experiment {experiment!r} has no runs.")
     logged = sorted({k for r in runs for k in r.data.metrics if not k.startswith("system/")})
@@ -215,10 +262,19 @@ def compare(client: mlflow.MlflowClient, experiment: str, metric: str, mode: str
                 hidden[label] = hidden.get(label, 0) + 1
         runs = [r for r in runs if r.data.tags.get(KIND_TAG, "") not in PARENT_KINDS]
     keys = differing_params([r.data.params for r in runs])
-    rows = [_row(r, keys, time.time()) for r in runs]
+    now = time.time()
     sign = -1.0 if mode == "max" else 1.0
-    rows.sort(key=lambda r: (metric not in r.metrics, sign * r.metrics.get(metric, 0.0), -r.start_time))
-    return Comparison(rows, keys, mode, hidden)
+
+    def best_first(row: RunRow) -> tuple[bool, float, float]:
+        return metric not in row.metrics, sign * row.metrics.get(metric, 0.0), -row.start_time
+
+    groups = []
+    for title, members in _groups(runs, every_run, experiment):
+        group_keys = differing_params([r.data.params for r in members])
+        shown = sorted(set(keys) | set(group_keys))
+        groups.append(Group(title, sorted((_row(r, shown, now) for r in members), key=best_first), group_keys))
+    rows = sorted((row for group in groups for row in group.rows), key=best_first)
+    return Comparison(rows, keys, mode, hidden, groups)
 
 
 # ----------------------------------------------------------------------------------------------- output
@@ -237,6 +293,8 @@ def to_json(comparison: Comparison, metric: str, experiment: str, tracking_uri: 
         "mode": comparison.mode,
         "differing_params": comparison.keys,
         "hidden": comparison.hidden,
+        "groups": [{"title": g.title, "run_ids": [r.run_id for r in g.rows], "differing_params": g.keys}
+                   for g in comparison.groups],
         "runs": [{**asdict(r), "metrics": {k: _num(v) for k, v in r.metrics.items()},
                   "lift_over_linear": _num(r.lift(metric)), "cost_usd": _num(r.metrics.get(COST))}
                  for r in comparison.rows],
@@ -386,16 +444,22 @@ def _params_tables(rows: list[RunRow], keys: list[str], fits: Any) -> tuple[list
     return [common, changes], True
 
 
-def print_table(comparison: Comparison, metric: str, experiment: str, console: Any = None) -> None:
-    """Print the comparison, best run first, as wide as the console allows and never cut off.
+#: Param names the default view lists under a table (``--long`` gives them all, with their values).
+SHOWN_PARAM_NAMES = 8
 
-    The params are columns of the runs table when everything fits; else the runs table leaves them (and,
-    if still too wide, the secondary metrics: it says which) and a second table gives one row per param.
+
+def print_table(comparison: Comparison, metric: str, experiment: str, console: Any = None, long: bool = False) -> None:
+    """Print the comparison, a table per group of runs (:attr:`Comparison.groups`), best run first, as wide as the
+    console allows and never cut off.
+
+    By default a table shows the metric, the lift over its linear baseline, the duration and the cost, and a line
+    names the params that differ. With ``long``, the other validation metrics and the baselines too, and the
+    params' values: as columns of the runs table when everything fits; else the runs table leaves them (and, if
+    still too wide, the secondary metrics: it says which) and a second table gives one row per param.
     """
     from rich.measure import Measurement
 
     console = console or _console()
-    rows, keys = comparison.rows, comparison.keys
 
     def width(table: Any) -> Measurement:
         return Measurement.get(console, console.options.update_width(10_000), table)
@@ -406,17 +470,16 @@ def print_table(comparison: Comparison, metric: str, experiment: str, console: A
     def fits_wrapped(table: Any) -> bool:  # param values may wrap, at spaces or anywhere (never cut off)
         return width(table).minimum <= console.width
 
-    title = f"experiment {experiment!r}: {len(rows)} run{'s' if len(rows) != 1 else ''} by {metric} ({comparison.mode})"
-    notes = []
-    if not rows:
-        notes.append("No runs to show.")
-    else:
-        columns = _metric_columns(rows, metric)
-        table = _runs_table(rows, keys, columns, metric, title)
-        params_apart = not fits(table)
+    notes = [] if comparison.groups else ["No runs to show."]
+    for group in comparison.groups:
+        rows, keys = group.rows, group.keys
+        title = f"{group.title}: {len(rows)} run{'s' if len(rows) != 1 else ''} by {metric} ({comparison.mode})"
+        columns = _metric_columns(rows, metric) if long else [metric]
+        table = _runs_table(rows, keys if long else [], columns, metric, title)
+        params_apart = long and not fits(table)
         dropped: list[str] = []
         omit: list[str] = []
-        if params_apart:
+        if params_apart or not fits(table):
             table = _runs_table(rows, [], columns, metric, title)
             while not fits(table) and (len(columns) > 1 or len(omit) < len(_EXTRAS)):
                 if len(columns) > 1:
@@ -430,14 +493,24 @@ def print_table(comparison: Comparison, metric: str, experiment: str, console: A
             params_tables, as_changes = _params_tables(rows, keys, fits_wrapped)
             for params in params_tables:
                 console.print(params)
+        group_notes = []
         if dropped or omit:
-            notes.append(f"Not shown at {console.width} columns: {', '.join(dropped + omit)} (--json has them).")
-        notes.append(("Params: only those that differ among these runs"
-                      + ("; each run by what it changes from most runs." if as_changes else ".")) if keys else
-                     "These runs share all their params.")
+            group_notes.append(f"Not shown at {console.width} columns: {', '.join(dropped + omit)} "
+                               f"({'' if long else '--long, '}--json {'has' if long else 'have'} them).")
+        if not keys:
+            group_notes.append("These runs share all their params.")
+        elif long:
+            group_notes.append("Params: only those that differ among these runs"
+                               + ("; each run by what it changes from most runs." if as_changes else "."))
+        else:
+            names = ", ".join(short_key(k) for k in keys[:SHOWN_PARAM_NAMES])
+            more = f" and {len(keys) - SHOWN_PARAM_NAMES} more" if len(keys) > SHOWN_PARAM_NAMES else ""
+            group_notes.append(f"Params that differ: {names}{more} (--long shows their values).")
         silent = [r.run_name for r in rows if not r.logged_params]
         if silent:
-            notes.append(f"{', '.join(silent)} logged no params.")
+            group_notes.append(f"{', '.join(silent)} logged no params.")
+        for note in group_notes:
+            console.print(note, markup=False, highlight=False)
     for status, count in comparison.hidden.items():
         one = count == 1
         notes.append(f"{count} {status} run{'' if one else 's'} hidden (--all shows {'it' if one else 'them'}).")
@@ -513,6 +586,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", default=None, metavar="FILE", help="Also write a comparison PNG here.")
     parser.add_argument("--all", action="store_true", dest="show_all",
                         help=f"Also the runs that ended {' or '.join(HIDDEN_STATUSES)} (left out by default).")
+    parser.add_argument("--long", action="store_true",
+                        help="Every validation metric and baseline, and the values of the params that differ.")
     parser.add_argument("--json", action="store_true", help="Print JSON instead of the table.")
     return parser
 
@@ -534,7 +609,7 @@ def _compare_and_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(comparison, args.metric, args.experiment, uri), indent=2))
     else:
-        print_table(comparison, args.metric, args.experiment)
+        print_table(comparison, args.metric, args.experiment, long=args.long)
         if args.plot:
             print(f"plot: {args.plot}")
     return 0

@@ -153,6 +153,8 @@ SCALE_SERIAL_KEY = "scale/amdahl_serial_fraction"
 SCALE_USL_KEYS = ("scale/usl_a", "scale/usl_b")
 
 # ------------------------------------------------------------------------------------------------------ tags
+#: MLflow's own tag of a nested run: its parent run's id (a sweep's trials, a scale sweep's runs).
+PARENT_RUN_TAG = "mlflow.parentRunId"
 #: What a run stands for when it is no plain training run: ``scale``, ``scale-fit`` (recipes.scale), ``sweep``
 #: (recipes.sweep's parent).
 KIND_TAG = "atscale.kind"

@@ -54,7 +54,7 @@ def three_runs(tracked):
 
 def test_compare_at_80_columns_puts_the_params_in_a_table_of_their_own(three_runs, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
-    assert compare.main(["--experiment", "cmp"]) == 0
+    assert compare.main(["--experiment", "cmp", "--long"]) == 0
     out = capsys.readouterr().out
     runs_table, params_table = out.split("params that differ")
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in runs_table.splitlines() if line.startswith("│")]
@@ -91,7 +91,7 @@ def test_compare_table_and_plot(three_runs, capsys, tracked, monkeypatch):
     # narrow layout has a test of its own below)
     monkeypatch.setenv("COLUMNS", "200")
     plot = tracked / "cmp.png"
-    assert compare.main(["--experiment", "cmp", "--plot", str(plot)]) == 0
+    assert compare.main(["--experiment", "cmp", "--plot", str(plot), "--long"]) == 0
     out = capsys.readouterr().out
     assert "experiment 'cmp': 3 runs by val/acc (max)" in out
     assert "model.optimizer.lr" in out  # the differing param, without init_args levels

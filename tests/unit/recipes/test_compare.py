@@ -72,9 +72,23 @@ def _cells(out: str, first: str) -> list[str]:
     raise AssertionError(f"no table line starting with {first!r} in:\n{out}")
 
 
-def test_a_crashed_run_without_params_does_not_make_every_param_differ(digits, capsys, monkeypatch):
+def test_the_default_table_is_short_and_names_the_params_that_differ(digits, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     out = _table(capsys)
+    header = next(line for line in out.splitlines() if "┃ # ┃" in line)
+    assert [c.strip() for c in header.split("┃")[1:-1]] == ["#", "run", "status", "val/acc", "vs linear", "duration",
+                                                           "cost $"]
+    assert _cells(out, "1") == ["1", NAMES[1], "FINISHED", "0.9500", "-0.0167", "6.2 s", "0.0000"]
+    assert _cells(out, "2") == ["2", NAMES[0], "FINISHED", "0.9306", "-0.0361", "11.5 s", "0.0000"]
+    assert "Params that differ: model.optimizer.lr, trainer.max_epochs (--long shows their values)." in out
+    assert "0.003" not in out and "baseline/" not in out and "val/loss" not in out
+    assert "1 FAILED run hidden (--all shows it)." in out
+    assert len(out.splitlines()) == 9
+
+
+def test_a_crashed_run_without_params_does_not_make_every_param_differ(digits, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    out = _table(capsys, "--long")
     assert "…" not in out
     assert max(len(line) for line in out.splitlines()) <= 100
     assert "experiment 'digits': 2 runs by val/acc (max)" in out
@@ -87,7 +101,7 @@ def test_a_crashed_run_without_params_does_not_make_every_param_differ(digits, c
     assert _cells(out, "trainer.max_epochs") == ["trainer.max_epochs", "20", "12"]
     assert "trainer.option_000" not in out and "seed_everything" not in out
 
-    out = _table(capsys, "--all")
+    out = _table(capsys, "--all", "--long")
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 100
     assert _cells(out, "3")[:3] == ["3", NAMES[2], "FAILED"]
     assert _cells(out, "model.optimizer.lr") == ["model.optimizer.lr", "0.01", "0.003", "-"]
@@ -131,7 +145,7 @@ def test_many_differing_params_become_one_row_each(tracked, capsys, monkeypatch)
     for i, name in enumerate(NAMES):
         params = {**SHARED, **_own(name), **{key: str(v * (i + 1)) for key, v in sweep.items()}}
         _run(client, exp_id, name, params, {"val/acc": 0.5 + i / 10, **BASE}, 1_700_000_000 + 100 * i, 60)
-    out = _table(capsys)
+    out = _table(capsys, "--long")
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 100
     assert _cells(out, "model.knob_11") == ["model.knob_11", "33", "22", "11"]  # best (#1) is the third run
     assert [_cells(out, str(i))[1] for i in (1, 2, 3)] == [NAMES[2], NAMES[1], NAMES[0]]
@@ -177,7 +191,7 @@ def test_a_whole_experiment_shows_each_run_by_what_it_changed(tracked, capsys, m
     for i, (name, changes) in enumerate(README_RUNS.items()):
         _run(client, exp_id, name, {**SHARED, **_own(name), **defaults, **changes},
              {"val/acc": 0.99 - i / 100, **BASE}, 1_700_000_000 + 100 * i, 60)
-    out = _table(capsys)
+    out = _table(capsys, "--long")
     lines = [line.strip() for line in out.splitlines() if set(line.strip()) - set("─━│┃┏┓┗┛┡┩└┘┌┐├┤╇╈┼ ")]
     assert not {line for line in lines if lines.count(line) > 1}, out
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 100
@@ -241,8 +255,43 @@ def test_a_long_param_value_is_shortened_in_the_tables_and_kept_whole_in_json(di
     name = "20261201-040000-beef"
     _run(client, exp_id, name, {**SHARED, **_own(name), LR: "0.02", EPOCHS: "20", "spot": value},
          {"val/acc": 0.96, **BASE}, 1_700_000_300, 5.0)
-    out = _table(capsys)
+    out = _table(capsys, "--long")
     assert "SpotCheckpoint" in out and "…" in out  # its first characters (the cell folds them over lines)
     assert "knob_" not in out and len(value) > 2 * compare.SHOWN_VALUE_CHARS
     data = json.loads(_table(capsys, "--json"))
     assert next(r for r in data["runs"] if r["run_name"] == name)["params"]["spot"] == value
+
+
+def test_a_sweeps_trials_are_compared_among_themselves_not_with_the_plain_runs(digits, capsys, monkeypatch):
+    """Before: the trials sat in the plain runs' table, and every knob the sweep turned (and its callback's whole
+    JSON) was a param 'that differs' for the plain runs too: about 220 lines after the README's sweep."""
+    monkeypatch.setenv("COLUMNS", "100")
+    client, exp_id = digits
+    parent = client.create_run(exp_id, run_name="digits-lr", start_time=1_700_000_300_000,
+                               tags={"atscale.kind": "sweep", "atscale.sweep": "digits-lr"}).info.run_id
+    client.set_terminated(parent, "FINISHED")
+    callback = json.dumps({"class_path": "recipes.sweeps.pruning.SweepTrial", "init_args": {"trial": 0}})
+    for i, lr in enumerate(("0.001", "0.02", "0.005")):
+        name = f"digits-lr-t{i:03d}"
+        run_id = _run(client, exp_id, name, {**SHARED, **_own(name), LR: lr, EPOCHS: "3", "cpu_threads": "2",
+                                             "trainer.callbacks": callback.replace("0", str(i))},
+                      {"val/acc": 0.8 + i / 100, **BASE}, 1_700_000_400 + 10 * i, 3.0)
+        client.set_tag(run_id, "mlflow.parentRunId", parent)
+        client.set_tag(run_id, "sweep", "digits-lr")
+    out = _table(capsys)
+    plain, sweep = out.split("sweep 'digits-lr': 3 runs by val/acc (max)")
+    assert "experiment 'digits': 2 runs by val/acc (max)" in plain and "digits-lr-t" not in plain
+    assert "Params that differ: model.optimizer.lr, trainer.max_epochs (--long shows their values)." in plain
+    assert [_cells(sweep, str(i))[1] for i in (1, 2, 3)] == ["digits-lr-t002", "digits-lr-t001", "digits-lr-t000"]
+    assert "Params that differ: model.optimizer.lr, trainer.callbacks (--long shows their values)." in sweep
+    assert "1 sweep run hidden (--all shows it)." in out
+    assert len(out.splitlines()) == 19
+
+    data = json.loads(_table(capsys, "--json"))
+    assert [(g["title"], len(g["run_ids"])) for g in data["groups"]] == [("experiment 'digits'", 2),
+                                                                         ("sweep 'digits-lr'", 3)]
+    assert data["groups"][0]["differing_params"] == [LR, EPOCHS]
+    long = _table(capsys, "--long")
+    assert "cpu_threads" not in long  # every trial has the same: no difference among them
+    trials = long.split("sweep 'digits-lr'")[1]
+    assert all(f"model.optimizer.lr={lr}" in trials for lr in ("0.005", "0.02", "0.001"))
