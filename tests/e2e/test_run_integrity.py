@@ -8,6 +8,7 @@ left RUNNING, no good checkpoint lost, one line on stderr for what went wrong.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -73,6 +74,38 @@ def kill_group(proc: subprocess.Popen, sig: int) -> int:
     return proc.wait(timeout=120)
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (the kernel's ``SigCgt`` mask)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    raise AssertionError(f"/proc/{pid}/status has no SigCgt line")
+
+
+@contextlib.contextmanager
+def frozen(proc: subprocess.Popen) -> Iterator[None]:
+    """Inside: every thread of the launch is stopped (SIGSTOP to its group), so what a test reads of it holds
+    until the test acts; a signal sent meanwhile is delivered on SIGCONT, to the state read."""
+    os.killpg(proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not all(_stopped(task) for task in Path(f"/proc/{proc.pid}/task").glob("*")):
+        assert time.monotonic() < deadline, "the launch did not stop within 10 s of SIGSTOP"
+        time.sleep(0.001)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+
+
+def _stopped(task: Path) -> bool:
+    try:
+        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):  # the thread ended
+        return True
+    return state in ("T", "t", "Z", "X")
+
+
 def statuses(workdir: Path, experiment: str = "digits") -> list[tuple[str, str]]:
     return sorted((r.info.run_name, r.info.status) for r in runs_of(workdir, experiment))
 
@@ -105,10 +138,28 @@ def test_kill_after_run_creation_before_first_checkpoint_keeps_one_run(tmp_path:
     assert statuses(tmp_path) == [("k", "FINISHED")]
 
 
-def test_kill_in_the_first_second_then_relaunch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("moment", ["before-handlers", "after-handlers"])
+def test_kill_in_the_first_second_then_relaunch(tmp_path: Path, moment: str) -> None:
+    """A SIGTERM in the launch's first second, at a moment the test holds the process at: before the CLI installs
+    its stop handlers (``recipes.run.process.install_stop_signals``) SIGTERM's default action ends it (-15, nothing
+    written); after, the CLI unwinds, says so in one line and asks to be relaunched (75), no run left RUNNING.
+    Either way the relaunch finishes the one run."""
     proc = launch(tmp_path, *SHORT, "--run_name", "k")
-    time.sleep(0.5)  # still importing
-    assert kill_group(proc, signal.SIGTERM) in (-signal.SIGTERM, REQUEUE_EXIT_CODE)
+    if moment == "after-handlers":  # the kernel's view of the process: its SIGTERM handler is in place
+        wait_for(lambda: catches(proc.pid, signal.SIGTERM), proc, timeout=60)
+    with frozen(proc):  # held still: the handler state read below is the one the signal meets
+        assert catches(proc.pid, signal.SIGTERM) == (moment == "after-handlers")
+        os.killpg(proc.pid, signal.SIGTERM)
+    code = proc.wait(timeout=120)
+    err = (tmp_path / "launch-0.err").read_text()
+    if moment == "before-handlers":
+        assert code == -signal.SIGTERM, err[-3000:]
+        assert statuses(tmp_path) == []
+    else:
+        assert code == REQUEUE_EXIT_CODE, err[-3000:]
+        assert "interrupted (SIGTERM): the run stopped; relaunch the same command to resume it." in err.splitlines()
+        assert "Traceback" not in err
+        assert statuses(tmp_path) in ([], [("k", "KILLED")])  # stopped before or after its run was opened
     run_fit(tmp_path, *SHORT, "--run_name", "k", check=True)
     assert statuses(tmp_path) == [("k", "FINISHED")]
 
@@ -140,6 +191,10 @@ def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------- 3. a new sqlite store, raced
+#: Launches a test may start to catch its moment (a kill inside a window of a few seconds) before it fails.
+MOMENT_TRIES = 5
+
+
 def fresh_store_env(workdir: Path) -> dict[str, str]:
     env = cli_env(workdir)
     (workdir / "mlflow.db").unlink()  # cli_env seeds a migrated store: these tests start without one
@@ -156,20 +211,42 @@ def test_eight_runs_started_at_once_on_a_new_store_all_finish(tmp_path: Path) ->
     assert not list(tmp_path.glob(".mlflow.db.creating-*"))
 
 
+def migrating(workdir: Path) -> list[Path]:
+    """The journals of the temporary stores being migrated in ``workdir`` (one exists while a write is open)."""
+    return list(workdir.glob(".mlflow.db.creating-*-journal"))
+
+
 def test_a_kill_while_the_new_store_is_migrated_leaves_a_usable_store(tmp_path: Path) -> None:
-    env = fresh_store_env(tmp_path)
-    proc = launch(tmp_path, *SHORT, "--run_name", "m", env=env)
-    wait_for(lambda: bool(list(tmp_path.glob(".mlflow.db.creating-*"))), proc)
-    time.sleep(0.3)  # inside MLflow's migration of the temporary database
-    kill_group(proc, signal.SIGKILL)
-    # either no store yet or a complete one: never a half-migrated store under the real name (a complete one
-    # answers a query and holds MLflow's Default experiment; the launch may have created "digits" too)
-    if (tmp_path / "mlflow.db").exists():
-        names = {e.name for e in client_for(tmp_path).search_experiments()}
-        assert "Default" in names and names <= {"Default", "digits"}, names
-    run_fit(tmp_path, *SHORT, "--run_name", "m", env=env, check=True)
-    assert statuses(tmp_path) == [("m", "FINISHED")]
-    assert not list(tmp_path.glob(".mlflow.db.creating-*"))  # the dead launch's debris was cleared
+    """A SIGKILL that lands inside MLflow's migration of a new store (one of its write transactions open on the
+    temporary database: its journal exists) leaves no store under the real name, only the temporary one's debris;
+    the relaunch clears the debris, makes the store whole and finishes the run."""
+    for attempt in range(MOMENT_TRIES):
+        workdir = tmp_path / f"launch{attempt}"  # a new folder, a new store, for each try
+        workdir.mkdir()
+        store, env = workdir / "mlflow.db", fresh_store_env(workdir)
+        proc = launch(workdir, *SHORT, "--run_name", "m", env=env)
+        journals: list[Path] = []
+        while not journals and not store.exists():
+            wait_for(lambda w=workdir: bool(migrating(w)) or (w / "mlflow.db").exists(), proc)
+            with frozen(proc):  # the migration holds still while the test looks at it, and the kill meets that
+                if not store.exists():
+                    journals = migrating(workdir)
+                if journals:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        if not journals:  # a miss: the store was made before a look found its migration under way
+            os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=120) == -signal.SIGKILL
+        if journals:
+            break
+    else:
+        pytest.fail(f"no kill landed inside the store's migration in {MOMENT_TRIES} launches")
+    assert not store.exists()  # never a half-migrated store under the real name
+    (journal,) = journals
+    assert journal.exists() and Path(str(journal).removesuffix("-journal")).exists()  # the dead launch's debris
+    run_fit(workdir, *SHORT, "--run_name", "m", env=env, check=True)
+    assert statuses(workdir) == [("m", "FINISHED")]
+    assert {e.name for e in client_for(workdir).search_experiments()} == {"Default", "digits"}
+    assert not list(workdir.glob(".mlflow.db.creating-*"))  # the dead launch's debris was cleared
 
 
 # --------------------------------------------------------------------- 4. a changed config on resume
