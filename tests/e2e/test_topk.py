@@ -28,18 +28,22 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
 
 
-def _grads(rank: int, hook: str, ratio: float, steps: int) -> list[list[torch.Tensor]]:
+def _grads(rank: int, hook: str, ratio: float, steps: int) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]:
+    """Each step's gradients after DDP's reduction, and (top-k) each parameter's residual after the step."""
     model = torch.nn.parallel.DistributedDataParallel(_model())
+    state = None
     if hook == "topk":
         state = TopKState(model.module.parameters(), ratio)
         model.register_comm_hook(state, topk_hook)
-    out = []
+    grads, residuals = [], []
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
         model.zero_grad()
         model(torch.randn(4, 6, generator=gen)).pow(2).sum().backward()
-        out.append([p.grad.clone() for p in model.parameters()])
-    return out
+        grads.append([p.grad.clone() for p in model.parameters()])
+        if state is not None:
+            residuals.append([state.residuals[i].clone() for i in range(len(state.params))])
+    return grads, residuals
 
 
 def _worker(rank: int, port: int, ratio: float, path: str) -> None:
@@ -47,7 +51,8 @@ def _worker(rank: int, port: int, ratio: float, path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        result = {"dense": _grads(rank, "dense", ratio, 3), "topk": _grads(rank, "topk", ratio, 3)}
+        topk, residual = _grads(rank, "topk", ratio, 3)
+        result = {"dense": _grads(rank, "dense", ratio, 3)[0], "topk": topk, "residual": residual}
         # what each rank sends without any hook: its local gradients, for the hand computation
         local = _model()
         gen = torch.Generator().manual_seed(100 + rank)
@@ -74,27 +79,47 @@ def test_ratio_one_is_the_dense_allreduce_bitwise(tmp_path):
             assert all(torch.equal(a, b) for a, b in zip(dense, topk, strict=True))
 
 
-def test_ratio_quarter_by_hand_with_error_feedback(tmp_path):
-    """Step 1 only (no residual yet): mean over ranks of each rank's top-25% entries per parameter, the
-    weights unchanged between steps (no optimizer), so later steps add the residuals by hand too."""
-    ranks = _run(tmp_path, 0.25)
-    residual = [[torch.zeros_like(g).reshape(-1) for g in ranks[r]["local"][0]] for r in range(2)]
-    for step in range(3):
+def _by_hand(local: list[list[torch.Tensor]], feedback: bool) -> tuple[list[list[torch.Tensor]], list]:
+    """Each step's reduced gradient at ratio 0.25, per parameter: the mean over the 2 ranks of each rank's
+    ceil(numel / 4) entries of largest magnitude of (its gradient + its residual), and each rank's new residual
+    (the rest). ``local[r][step]`` holds rank r's own gradients; ``feedback=False`` drops the residuals."""
+    residual = [[torch.zeros_like(g).reshape(-1) for g in local[r][0]] for r in range(2)]
+    reduced, residuals = [], []
+    for step in range(len(local[0])):
         expected = []
-        for i, _ in enumerate(ranks[0]["local"][step]):
+        for i, grad in enumerate(local[0][step]):
             total = torch.zeros_like(residual[0][i])
             for r in range(2):
-                acc = ranks[r]["local"][step][i].reshape(-1) + residual[r][i]
-                k = max(1, -(-acc.numel() // 4))
-                idx = torch.topk(acc.abs(), k).indices
+                acc = local[r][step][i].reshape(-1) + (residual[r][i] if feedback else 0)
+                idx = torch.topk(acc.abs(), -(-acc.numel() // 4)).indices
                 part = torch.zeros_like(acc)
                 part[idx] = acc[idx]
                 residual[r][i] = acc - part
-                total += part / 2
-            expected.append(total.reshape(ranks[0]["local"][step][i].shape))
+                total += part / 2  # rank order, as the hook adds them: exact (halving is)
+            expected.append(total.reshape(grad.shape))
+        reduced.append(expected)
+        residuals.append([[t.clone() for t in residual[r]] for r in range(2)])
+    return reduced, residuals
+
+
+def test_ratio_quarter_by_hand_with_error_feedback(tmp_path):
+    """Three steps at ratio 0.25 on 2 ranks, the weights unchanged between them (no optimizer): each step's
+    reduced gradient equals, bitwise, the mean over ranks of each rank's top 25% entries (per parameter) of its
+    gradient plus its residual, and each rank keeps the rest as its residual. Step 1 has no residual yet; steps
+    2 and 3 differ from what the same selection without the residuals gives, so error feedback is what they check."""
+    ranks = _run(tmp_path, 0.25)
+    local = [ranks[r]["local"] for r in range(2)]
+    expected, residuals = _by_hand(local, feedback=True)
+    for step in range(3):
         for r in range(2):
-            for got, want in zip(ranks[r]["topk"][step], expected, strict=True):
-                torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+            for got, want in zip(ranks[r]["topk"][step], expected[step], strict=True):
+                assert torch.equal(got, want), (step, r)
+            for got, want in zip(ranks[r]["residual"][step], residuals[step][r], strict=True):
+                assert torch.equal(got, want), (step, r)
+    without, _ = _by_hand(local, feedback=False)
+    assert all(torch.equal(a, b) for a, b in zip(without[0], expected[0], strict=True))  # no residual at step 1
+    for step in (1, 2):
+        assert not all(torch.equal(a, b) for a, b in zip(without[step], expected[step], strict=True)), step
 
 
 def test_topk_ratio_is_checked():
