@@ -433,7 +433,137 @@ def test_no_private_internals_of_libraries_outside_the_compat_modules() -> None:
         "(move it there with a test that fails on upgrade, or use a public route):\n" + "\n".join(found)
 
 
-def test_each_allowed_private_is_still_there() -> None:
-    for (rel, code), why in ALLOWED_PRIVATES.items():
-        assert code in {_code(line) for line in (REPO / rel).read_text().splitlines()}, \
-            f"{rel}: {code!r} ({why}) is gone: unlist it from ALLOWED_PRIVATES"
+# --- Import direction: the rules docs/development.md's "Layout" section states -----------------------------------
+
+#: (who, what it must not import, what of that it may still import, the layout's words). Each is a module or a
+#: package (itself and every module under it); imports inside functions count.
+MUST_NOT_IMPORT: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("callbacks", "recipes", (), "imports are one-way: callbacks import neither recipes nor datamodules"),
+    ("callbacks", "datamodules", (), "imports are one-way: callbacks import neither recipes nor datamodules"),
+    ("datamodules", "recipes", (), "imports are one-way: datamodules import neither recipes nor callbacks"),
+    ("datamodules", "callbacks", (), "imports are one-way: datamodules import neither recipes nor callbacks"),
+    ("callbacks.analysis", "callbacks", ("callbacks.analysis",), "analysis/ imports nothing of ours but itself"),
+    ("callbacks.utils", "callbacks", ("callbacks.utils", "callbacks.storage", "callbacks.analysis"),
+     "imports point down and inward: what the callbacks share never imports a callback"),
+    ("callbacks.storage", "callbacks", ("callbacks.utils", "callbacks.storage", "callbacks.analysis"),
+     "imports point down and inward: what the callbacks share never imports a callback"),
+    ("recipes.run.common", "torch", (), "common.py: no torch or Lightning (the tools that do not train)"),
+    ("recipes.run.common", "lightning", (), "common.py: no torch or Lightning (the tools that do not train)"),
+    ("recipes.bench.stats", "torch", (), "bench/stats: paired bootstrap, verdicts; no torch"),
+    ("recipes.run.shutdown", "recipes", (), "shutdown.py is copied alone (torch and the standard library)"),
+    ("recipes.run.shutdown", "callbacks", (), "shutdown.py is copied alone (torch and the standard library)"),
+)
+#: Modules nothing imports back, but the one that runs them: module -> its runner.
+NOT_IMPORTED_BACK = {
+    "recipes.bench.cli": ("recipes.bench.__main__", "bench/cli: options and dispatch; nothing imports it back"),
+}
+#: Modules that stay free of torch and Lightning when imported, with everything they import at import time (their
+#: packages' __init__ and the project modules they import at the top, transitively).
+#: ``package.*`` names each module under the package.
+TORCH_FREE_AT_IMPORT: dict[str, str] = {
+    "recipes": "`import recipes` stays torch-free (recipes/api.py)",
+    "recipes.run.common": "the tools that do not train import neither torch nor Lightning",
+    # at import: comm_model's measure_allreduce imports torch inside itself, to time a real all-reduce
+    "callbacks.analysis.*": "analysis/: pure math, no torch or Lightning",
+}
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _all_imports(name: str, path: Path, top_level: bool) -> set[str]:
+    """Every module ``name`` imports, by absolute name (the project's and the libraries'); ``top_level``: only what
+    runs at import time (not inside a function, not under ``if TYPE_CHECKING:``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if top_level and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return
+        if top_level and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base != "__future__":
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)  # a module or a name in base
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
+def _direction_breaks(known: dict[str, Path]) -> list[str]:
+    """Each import against :data:`MUST_NOT_IMPORT` or :data:`NOT_IMPORTED_BACK`, as ``file imports x: why``."""
+    breaks = []
+    for name, path in sorted(known.items()):
+        imported = _all_imports(name, path, top_level=False)
+        rel = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+        for who, what, allowed, why in MUST_NOT_IMPORT:
+            if _under(name, who):
+                breaks += [f"{rel} imports {t}: {why}" for t in sorted(imported)
+                           if _under(t, what) and not any(_under(t, a) for a in allowed)]
+        for module, (runner, why) in NOT_IMPORTED_BACK.items():
+            if module in imported and name not in (module, runner):
+                breaks.append(f"{rel} imports {module}: {why}")
+    return breaks
+
+
+def _imported_at_import(name: str, known: dict[str, Path]) -> dict[str, set[str]]:
+    """Each project module importing ``name`` loads (its packages too), with the libraries it imports at the top."""
+    seen: dict[str, set[str]] = {}
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in known:
+            continue
+        imported = _all_imports(current, known[current], top_level=True)
+        seen[current] = {t for t in imported if not _ours(t)}
+        parents = [".".join(current.split(".")[:i]) for i in range(1, current.count(".") + 1)]
+        todo += [t for t in imported if t in known] + parents
+    return seen
+
+
+def test_imports_go_the_way_the_layout_says() -> None:
+    assert _direction_breaks(_modules()) == []
+
+
+def test_the_direction_check_sees_a_break_inside_a_function(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from recipes.bench import cli\n    from .. import spot\n")
+    assert sorted(_direction_breaks({"callbacks.analysis.bad": bad, "recipes.bench.fit": bad})) == sorted([
+        "bad.py imports callbacks.spot: analysis/ imports nothing of ours but itself",
+        "bad.py imports callbacks: analysis/ imports nothing of ours but itself",
+        "bad.py imports recipes.bench: imports are one-way: callbacks import neither recipes nor datamodules",
+        "bad.py imports recipes.bench.cli: imports are one-way: callbacks import neither recipes nor datamodules",
+        "bad.py imports recipes.bench.cli: bench/cli: options and dispatch; nothing imports it back",
+        "bad.py imports recipes.bench.cli: bench/cli: options and dispatch; nothing imports it back",
+    ])
+    heavy = tmp_path / "heavy.py"
+    heavy.write_text("from typing import TYPE_CHECKING\nimport numpy\nif TYPE_CHECKING:\n    import torch\n"
+                     "def f():\n    import lightning\nfrom . import light\n")
+    light = tmp_path / "light.py"
+    light.write_text("import torch.nn\n")
+    assert _imported_at_import("callbacks.heavy", {"callbacks.heavy": heavy, "callbacks.light": light}) == {
+        "callbacks.heavy": {"typing", "typing.TYPE_CHECKING", "numpy"}, "callbacks.light": {"torch.nn"}}
+
+
+def test_torch_free_modules_load_neither_torch_nor_lightning() -> None:
+    known = _modules()
+    for prefix, why in TORCH_FREE_AT_IMPORT.items():
+        names = [m for m in known if _under(m, prefix[:-2])] if prefix.endswith(".*") else [prefix]
+        for name in sorted(names):
+            loaded = _imported_at_import(name, known)
+            heavy = {module: sorted(t for t in libs if t.split(".")[0] in ("torch", "lightning"))
+                     for module, libs in loaded.items()}
+            assert not {m: t for m, t in heavy.items() if t}, f"importing {name} loads them: {why}"
