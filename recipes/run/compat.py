@@ -28,6 +28,11 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
   plain ``RuntimeError``, not as ``torch.distributed.DistNetworkError``; that type comes only from the rendezvous
   store's socket, and there it also means a store that never answered (a wrong address: a requeue would loop), and
   ``DistBackendError`` is any failure of a backend (NCCL's). No type says "the peer was there and is gone".
+- :data:`MLFLOW_TRACKING_CLIENT_LOGGER`: the logger of MLflow's tracking client, named for the private module it
+  lives in (``mlflow.tracking._tracking_service``); it prints a full store's failed writes, each with a traceback.
+- :func:`set_model_parallel_sizes`: Lightning's ``ModelParallelStrategy`` resolves its ``"auto"`` sizes in
+  ``setup_environment`` from attributes it keeps to itself; a strategy with a data-parallel mesh of every process
+  (``recipes/strategies.py``) sets them first.
 - :class:`HelpFormatter`: argparse's ``HelpFormatter._get_help_string``, the one hook that decides whether an
   option's help says its default (argparse documents its formatter classes' names, not their methods).
 """
@@ -37,6 +42,9 @@ from __future__ import annotations
 import argparse
 import re
 from typing import Any
+
+#: The logger of MLflow's tracking client (``logging.getLogger(__name__)`` in a private module).
+MLFLOW_TRACKING_CLIENT_LOGGER = "mlflow.tracking._tracking_service.client"
 
 #: ``ModelCheckpoint.state_dict()``'s keys that hold one absolute path each; ``best_k_models`` maps paths to scores.
 MODEL_CHECKPOINT_PATH_KEYS = ("dirpath", "best_model_path", "kth_best_model_path", "last_model_path")
@@ -50,6 +58,13 @@ def system_metrics_monitor(run_id: str, **kwargs: Any) -> Any:
     except ImportError:  # psutil missing
         return None
     return SystemMetricsMonitor(run_id, **kwargs)
+
+
+def set_model_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
+    """The device mesh a Lightning ``ModelParallelStrategy`` builds in its ``setup_environment``: ``data_parallel`` x
+    ``tensor_parallel`` (the sizes its constructor took, "auto" resolved by the caller)."""
+    strategy._data_parallel_size = data_parallel
+    strategy._tensor_parallel_size = tensor_parallel
 
 
 def mlflow_schema_head() -> str:

@@ -159,3 +159,27 @@ def test_the_cpython_exit_hooks_shutdown_calls_are_there() -> None:
         assert callable(hook), f"recipes/run/shutdown.py calls {name}(): it is gone"
     assert not inspect.signature(threading._shutdown).parameters, \
         "recipes/run/shutdown.py calls threading._shutdown() with no arguments: it takes some now"
+
+
+def test_mlflow_tracking_client_logger_is_the_one_that_module_logs_to() -> None:
+    import importlib
+    import logging
+
+    module = importlib.import_module(compat.MLFLOW_TRACKING_CLIENT_LOGGER)
+    loggers = [v for v in vars(module).values() if isinstance(v, logging.Logger)]
+    assert [lg.name for lg in loggers] == [compat.MLFLOW_TRACKING_CLIENT_LOGGER], \
+        "compat.MLFLOW_TRACKING_CLIENT_LOGGER: MLflow's tracking client moved or logs elsewhere"
+
+
+def test_set_model_parallel_sizes_sets_what_model_parallel_strategy_resolves() -> None:
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+    before = dict(vars(strategy))
+    compat.set_model_parallel_sizes(strategy, 4, 1)
+    changed = {k: v for k, v in vars(strategy).items() if before.get(k) != v}
+    assert changed == {"_data_parallel_size": 4}, \
+        "compat.set_model_parallel_sizes: ModelParallelStrategy keeps its sizes elsewhere now"
+    source = inspect.getsource(ModelParallelStrategy.setup_environment)
+    assert "self._data_parallel_size" in source and "self._tensor_parallel_size" in source, \
+        "compat.set_model_parallel_sizes: ModelParallelStrategy.setup_environment no longer reads them"
