@@ -86,23 +86,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from .analysis import goodput
+from .analysis import goodput, keys
 from .analysis.cost_model import run_cost, savings_pct
-from .analysis.keys import (
-    BILLED_KEY,
-    COST_KEY,
-    COST_ON_DEMAND_KEY,
-    COST_SPOT_KEY,
-    GOODPUT_PREFIX,
-    GOODPUT_SHARE_KEY,
-    INSTANCES_KEY,
-    LOST_STEPS_KEY,
-    LOST_WORK_KEY,
-    PROJECTED_COST_KEY,
-    RESTART_KEY,
-    SAVINGS_KEY,
-    goodput_usd_key,
-)
 from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from .utils.compat import time_every_save
 from .utils.goodput_clock import GoodputClock
@@ -287,21 +272,21 @@ class CostTracker(Callback):
         elapsed = self.elapsed_s()
         instance_s = self.instance_s(elapsed)
         usd = self.usd(instance_s=instance_s)
-        out = {COST_KEY: usd, COST_ON_DEMAND_KEY: self.usd("on_demand", instance_s)}
+        out = {keys.COST_KEY: usd, keys.COST_ON_DEMAND_KEY: self.usd("on_demand", instance_s)}
         spot_price = self.instance.spot_usd_per_h
         if spot_price is not None:
-            out[COST_SPOT_KEY] = self.usd("spot", instance_s)
+            out[keys.COST_SPOT_KEY] = self.usd("spot", instance_s)
             if self.instance.on_demand_usd_per_h > 0:
-                out[SAVINGS_KEY] = savings_pct(spot_price, self.instance.on_demand_usd_per_h)
+                out[keys.SAVINGS_KEY] = savings_pct(spot_price, self.instance.on_demand_usd_per_h)
         instances = self.instances or 1
         step_s = self.mean_step_s()
-        out[LOST_WORK_KEY] = run_cost(self.lost_steps * (step_s or 0.0) / 3600.0, self.price, instances)
+        out[keys.LOST_WORK_KEY] = run_cost(self.lost_steps * (step_s or 0.0) / 3600.0, self.price, instances)
         recent = self._recent_step_s if self._recent_step_s is not None else step_s
         if self._total_steps is not None and recent is not None:
             remaining = max(0.0, self._total_steps - trainer.global_step)
-            out[PROJECTED_COST_KEY] = usd + run_cost(remaining * recent / 3600.0, self.price, instances)
-        out.update({BILLED_KEY: self.billed_s(elapsed), INSTANCES_KEY: float(instances),
-                    LOST_STEPS_KEY: float(self.lost_steps), RESTART_KEY: self.restart_s_total})
+            out[keys.PROJECTED_COST_KEY] = usd + run_cost(remaining * recent / 3600.0, self.price, instances)
+        out.update({keys.BILLED_KEY: self.billed_s(elapsed), keys.INSTANCES_KEY: float(instances),
+                    keys.LOST_STEPS_KEY: float(self.lost_steps), keys.RESTART_KEY: self.restart_s_total})
         out.update(goodput.metrics(self.ledger(), self.price))
         return out
 
@@ -564,17 +549,17 @@ class CostTracker(Callback):
         final = self._final
         if not final:
             return []
-        hours = final[BILLED_KEY] / 3600.0
-        instances = int(final[INSTANCES_KEY])
-        rows = [("cost", f"{_usd(final[COST_KEY])} {self.market.replace('_', '-')} "
+        hours = final[keys.BILLED_KEY] / 3600.0
+        instances = int(final[keys.INSTANCES_KEY])
+        rows = [("cost", f"{_usd(final[keys.COST_KEY])} {self.market.replace('_', '-')} "
                          f"({instances} x {self.instance.name}, {hours:.3f} h billed)")]
-        if COST_SPOT_KEY in final:
-            saving = f", spot saves {final[SAVINGS_KEY]:.1f}%" if SAVINGS_KEY in final else ""
+        if keys.COST_SPOT_KEY in final:
+            saving = f", spot saves {final[keys.SAVINGS_KEY]:.1f}%" if keys.SAVINGS_KEY in final else ""
             rows.append(("cost on-demand / spot",
-                         f"{_usd(final[COST_ON_DEMAND_KEY])} / {_usd(final[COST_SPOT_KEY])}{saving}"))
+                         f"{_usd(final[keys.COST_ON_DEMAND_KEY])} / {_usd(final[keys.COST_SPOT_KEY])}{saving}"))
         if self.lost_steps or self.restart_s_total:
             rows.append(("cost of interruptions",
-                         f"{_usd(final[LOST_WORK_KEY])} lost work ({self.lost_steps} steps redone x "
+                         f"{_usd(final[keys.LOST_WORK_KEY])} lost work ({self.lost_steps} steps redone x "
                          f"{(self.mean_step_s() or 0.0) * 1e3:.1f} ms mean step), "
                          f"{self.restart_s_total:.0f} s of restarts billed"))
         rows.extend(self.goodput_rows())
@@ -583,18 +568,18 @@ class CostTracker(Callback):
     def goodput_rows(self) -> list[tuple[str, str]]:
         """The ledger's rows: the goodput share and the three largest badputs in dollars, on both markets."""
         final = self._final
-        if GOODPUT_SHARE_KEY not in final:
+        if keys.GOODPUT_SHARE_KEY not in final:
             return []
-        seconds = {k[len(GOODPUT_PREFIX):-2]: v for k, v in final.items()
-                   if k.startswith(GOODPUT_PREFIX) and k.endswith("_s")}
-        usd = {k: final[goodput_usd_key(k)] for k in seconds}
+        seconds = {k[len(keys.GOODPUT_PREFIX):-2]: v for k, v in final.items()
+                   if k.startswith(keys.GOODPUT_PREFIX) and k.endswith("_s")}
+        usd = {k: final[keys.goodput_usd_key(k)] for k in seconds}
         other = "spot" if self.market == "on_demand" else "on_demand"
         try:
             ratio = price_for(self.instance, other) / self.price if self.price > 0 else None
         except ValueError:
             ratio = None
-        rows = [("goodput", f"{final[GOODPUT_SHARE_KEY]:.1%} of {final[BILLED_KEY]:.1f} s billed bought steps "
-                            f"that count ({seconds['productive']:.1f} s, {_usd(usd['productive'])})")]
+        rows = [("goodput", f"{final[keys.GOODPUT_SHARE_KEY]:.1%} of {final[keys.BILLED_KEY]:.1f} s billed bought "
+                            f"steps that count ({seconds['productive']:.1f} s, {_usd(usd['productive'])})")]
         # on a free instance (cpu-local) every badput is $0: the largest are then the longest
         ranked = goodput.largest_badputs(usd if any(v > 0 for v in usd.values()) else seconds)
         for category, _ in ranked:

@@ -1,17 +1,12 @@
 """Compare the runs of an MLflow experiment: what differs between them, and what each reached.
 
-Runs of one kind side by side: the experiment's plain runs in one table, and the runs of each sweep
-(``recipes.sweep``'s trials, ``recipes.scale``'s runs: the children of one parent run) in a table of their
-own, compared among themselves. A sweep's parent run stands for its children and is left out.
-
-By default a table has one row per run, best first by ``--metric``: its name and status, the metric,
-the lift over the linear baseline of the metric's kind (accuracies, or expected costs for
-``val/expected_cost``), the wall time, and the cost where the run logged ``cost/usd``; a line under it
-names the params that differ among its runs. ``--long`` adds the other validation metrics, the baselines
-and the values of the params that differ (the flattened params the CLI logs; a run that logged none, say
-one that crashed at start, makes no param differ): as columns when they fit the terminal, else one row
-per param and one column per run, or each run by what it changes from most runs. FAILED and KILLED runs
-are left out, and counted, unless ``--all``.
+Runs of one kind side by side: the plain runs in one table, each sweep's runs (the children of a parent run,
+which is left out) in one of their own. A row per run, best first by ``--metric``: name, status, the metric, the
+lift over the linear baseline of its kind (``baseline/linear_acc``, ``..._expected_cost``), wall time and
+``cost/usd``; a line names the params that differ. ``--long`` adds the other metrics, the baselines and the
+values of the params that differ (a run that logged none, say one that crashed at start, makes none differ):
+as columns when they fit the terminal, else a row per param, or each run by what it changes from most runs.
+FAILED and KILLED runs are left out, and counted, unless ``--all``.
 
 Examples::
 
@@ -70,14 +65,11 @@ from recipes.run.common import (
 __all__ = ["Comparison", "Group", "RunRow", "compare", "compare_figure", "differing_params", "main", "print_table",
            "short_key", "write_plot"]
 
-LINEAR = LINEAR_BASELINE_KEY
-MAJORITY = MAJORITY_BASELINE_KEY
 #: The (linear, majority) baselines of a metric that is not an accuracy, by the metric's ending.
 COST_BASELINES = {
     "bayes_expected_cost": (LINEAR_BAYES_COST_BASELINE_KEY, MAJORITY_COST_BASELINE_KEY),
     "expected_cost": (LINEAR_COST_BASELINE_KEY, MAJORITY_COST_BASELINE_KEY),
 }
-COST = COST_KEY
 #: Params that differ between any two runs by construction (the run's own name and directories).
 PER_RUN_PARAMS = frozenset({"run_name", "checkpoint.dirpath", "spot.dirpath", "ckpt_path", "fresh"})
 #: Runs left out unless ``--all``: they ended without a result.
@@ -88,7 +80,8 @@ _LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse", "cost")
 def baselines_for(metric: str) -> tuple[str, str]:
     """The (linear, majority) baselines ``metric`` is judged against: ``val/expected_cost`` ->
     ``baseline/linear_expected_cost``, ``baseline/majority_expected_cost``; anything else the accuracies."""
-    return next((pair for end, pair in COST_BASELINES.items() if metric.endswith(end)), (LINEAR, MAJORITY))
+    accuracies = (LINEAR_BASELINE_KEY, MAJORITY_BASELINE_KEY)
+    return next((pair for end, pair in COST_BASELINES.items() if metric.endswith(end)), accuracies)
 
 
 @dataclass
@@ -199,24 +192,15 @@ class Comparison:
 
 
 def _groups(runs: list[Run], parents: dict[str, Run], experiment: str) -> list[tuple[str, list[Run]]]:
-    """``runs`` by the parent run they nest under (none first), each with its title; parents in start order."""
+    """``runs`` by the parent run they nest under (none first, then by start), each with its title."""
     by_parent: dict[str, list[Run]] = {}
     for run in runs:
         by_parent.setdefault(run.data.tags.get(PARENT_RUN_TAG, ""), []).append(run)
-
-    def start(parent_id: str) -> float:
-        parent = parents.get(parent_id)
-        return parent.info.start_time if parent is not None else min(r.info.start_time for r in by_parent[parent_id])
-
     out = [(f"experiment {experiment!r}", by_parent.pop(""))] if "" in by_parent else []
-    for parent_id in sorted(by_parent, key=start):
+    for parent_id, members in sorted(by_parent.items(), key=lambda item: min(r.info.start_time for r in item[1])):
         parent = parents.get(parent_id)
-        if parent is None:
-            title = f"runs under parent run {parent_id[:8]}"
-        else:
-            kind = PARENT_KINDS.get(parent.data.tags.get(KIND_TAG, ""), "parent run")
-            title = f"{kind} {parent.info.run_name or parent_id[:8]!r}"
-        out.append((title, by_parent[parent_id]))
+        kind = PARENT_KINDS.get(parent.data.tags.get(KIND_TAG, ""), "parent run") if parent else "parent run"
+        out.append((f"{kind} {parent.info.run_name if parent else parent_id[:8]!r}", members))
     return out
 
 
@@ -296,7 +280,7 @@ def to_json(comparison: Comparison, metric: str, experiment: str, tracking_uri: 
         "groups": [{"title": g.title, "run_ids": [r.run_id for r in g.rows], "differing_params": g.keys}
                    for g in comparison.groups],
         "runs": [{**asdict(r), "metrics": {k: _num(v) for k, v in r.metrics.items()},
-                  "lift_over_linear": _num(r.lift(metric)), "cost_usd": _num(r.metrics.get(COST))}
+                  "lift_over_linear": _num(r.lift(metric)), "cost_usd": _num(r.metrics.get(COST_KEY))}
                  for r in comparison.rows],
     }
 
@@ -344,7 +328,7 @@ def _runs_table(rows: list[RunRow], keys: list[str], columns: list[str], metric:
     from rich.markup import escape
     from rich.table import Table
 
-    has_cost = "cost $" not in omit and any(COST in r.metrics for r in rows)
+    has_cost = "cost $" not in omit and any(COST_KEY in r.metrics for r in rows)
     has_lift = "vs linear" not in omit and any(r.lift(metric) is not None for r in rows)
     has_duration = "duration" not in omit
     table = Table(title=title)
@@ -371,7 +355,7 @@ def _runs_table(rows: list[RunRow], keys: list[str], columns: list[str], metric:
         if has_duration:
             cells.append(_fmt_duration(r.duration_s))
         if has_cost:
-            cells.append(f"{r.metrics[COST]:,.4f}" if COST in r.metrics else "-")
+            cells.append(f"{r.metrics[COST_KEY]:,.4f}" if COST_KEY in r.metrics else "-")
         table.add_row(*cells)
     return table
 
@@ -449,13 +433,9 @@ SHOWN_PARAM_NAMES = 8
 
 
 def print_table(comparison: Comparison, metric: str, experiment: str, console: Any = None, long: bool = False) -> None:
-    """Print the comparison, a table per group of runs (:attr:`Comparison.groups`), best run first, as wide as the
-    console allows and never cut off.
-
-    By default a table shows the metric, the lift over its linear baseline, the duration and the cost, and a line
-    names the params that differ. With ``long``, the other validation metrics and the baselines too, and the
-    params' values: as columns of the runs table when everything fits; else the runs table leaves them (and, if
-    still too wide, the secondary metrics: it says which) and a second table gives one row per param.
+    """Print the comparison, a table per group of runs (:attr:`Comparison.groups`), as wide as the console
+    allows and never cut off (as the module docstring says; with ``long``, the runs table leaves the params, and
+    if still too wide the secondary metrics, to the tables after it when they do not fit).
     """
     from rich.measure import Measurement
 
@@ -548,18 +528,18 @@ def compare_figure(rows: list[RunRow], metric: str) -> Any:
     bars.set_ylabel(metric)
     bars.set_title(f"{metric} by run (best first)")
     bars.legend(loc="best", fontsize=8, framealpha=0.8)
-    costs = {r.metrics[COST] for r in shown if COST in r.metrics}
+    costs = {r.metrics[COST_KEY] for r in shown if COST_KEY in r.metrics}
     use_cost = len(costs) > 1
     if use_cost:
-        xvals = [r.metrics.get(COST, math.nan) for r in shown]
+        xvals = [r.metrics.get(COST_KEY, math.nan) for r in shown]
         scatter.set_xlabel("cost (USD)")
         scatter.set_title(f"{metric} against cost")
     else:
         scale, unit = _time_unit([r.duration_s for r in shown])
         xvals = [r.duration_s / scale for r in shown]
         scatter.set_xlabel(f"wall time ({unit})")
-        same = (f"\n(every run cost ${costs.pop():,.2f})" if len(costs) == 1 and all(COST in r.metrics for r in shown)
-                else "\n(no cost recorded)" if not costs else "")
+        every = len(costs) == 1 and all(COST_KEY in r.metrics for r in shown)
+        same = f"\n(every run cost ${costs.pop():,.2f})" if every else "\n(no cost recorded)" if not costs else ""
         scatter.set_title(f"{metric} against wall time{same}")
     scatter.scatter(xvals, values, color="tab:blue")
     scatter.margins(x=0.25, y=0.15)  # room for the names beside the points
