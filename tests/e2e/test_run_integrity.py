@@ -86,8 +86,11 @@ def catches(pid: int, signum: int) -> bool:
 def frozen(proc: subprocess.Popen) -> Iterator[None]:
     """Inside: every thread of the launch is stopped (SIGSTOP to its group), so what a test reads of it holds
     until the test acts; a signal sent meanwhile is delivered on SIGCONT, to the state read."""
-    os.killpg(proc.pid, signal.SIGSTOP)
     deadline = time.monotonic() + 10
+    while os.getpgid(proc.pid) != proc.pid:  # a fork of the zygote starts its own group a moment after it starts
+        assert time.monotonic() < deadline, "the launch did not start its own process group within 10 s"
+        time.sleep(0.001)
+    os.killpg(proc.pid, signal.SIGSTOP)
     while not all(_stopped(task) for task in Path(f"/proc/{proc.pid}/task").glob("*")):
         assert time.monotonic() < deadline, "the launch did not stop within 10 s of SIGSTOP"
         time.sleep(0.001)
@@ -216,6 +219,11 @@ def migrating(workdir: Path) -> list[Path]:
     return list(workdir.glob(".mlflow.db.creating-*-journal"))
 
 
+def store_made(workdir: Path) -> bool:
+    """Whether the store exists under its real name and no temporary one is left: its making is over."""
+    return (workdir / "mlflow.db").exists() and not list(workdir.glob(".mlflow.db.creating-*"))
+
+
 def test_a_kill_while_the_new_store_is_migrated_leaves_a_usable_store(tmp_path: Path) -> None:
     """A SIGKILL that lands inside MLflow's migration of a new store (one of its write transactions open on the
     temporary database: its journal exists) leaves no store under the real name, only the temporary one's debris;
@@ -226,14 +234,15 @@ def test_a_kill_while_the_new_store_is_migrated_leaves_a_usable_store(tmp_path: 
         store, env = workdir / "mlflow.db", fresh_store_env(workdir)
         proc = launch(workdir, *SHORT, "--run_name", "m", env=env)
         journals: list[Path] = []
-        while not journals and not store.exists():
-            wait_for(lambda w=workdir: bool(migrating(w)) or (w / "mlflow.db").exists(), proc)
+        while not journals:
+            wait_for(lambda w=workdir: bool(migrating(w)) or store_made(w), proc)
             with frozen(proc):  # the migration holds still while the test looks at it, and the kill meets that
-                if not store.exists():
-                    journals = migrating(workdir)
+                journals = migrating(workdir)
                 if journals:
                     os.killpg(proc.pid, signal.SIGKILL)
-        if not journals:  # a miss: the store was made before a look found its migration under way
+                elif store_made(workdir):
+                    break
+        if not journals:  # a miss: the store was made before a look found one of its writes open
             os.killpg(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=120) == -signal.SIGKILL
         if journals:
