@@ -61,8 +61,11 @@ def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str, t
 def frozen(proc: subprocess.Popen) -> Iterator[None]:
     """Inside: every thread of the launch (its own process group) is stopped, so what the test reads of it holds
     until the test acts (a signal sent meanwhile meets the state read)."""
-    os.killpg(proc.pid, signal.SIGSTOP)
     deadline = time.monotonic() + 10
+    while os.getpgid(proc.pid) != proc.pid:  # a fork of the zygote starts its own group a moment after it starts
+        assert time.monotonic() < deadline, "the launch did not start its own process group within 10 s"
+        time.sleep(0.001)
+    os.killpg(proc.pid, signal.SIGSTOP)
     while not all(_stopped(task) for task in Path(f"/proc/{proc.pid}/task").glob("*")):
         assert time.monotonic() < deadline, "the launch did not stop within 10 s of SIGSTOP"
         time.sleep(0.001)
