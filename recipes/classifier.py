@@ -10,8 +10,8 @@ One module serves every strategy: on one device and under DDP it is a plain modu
 shards it with FSDP2's ``fully_shard`` over the data-parallel mesh.
 
 Copy with it (paths under ``recipes/``, each folder with an ``__init__.py``): ``metrics.py``, ``run/errors.py``,
-and ``callbacks/analysis/decision_cost.py`` put beside them, under its own name (the imports of
-decision_cost fall back to that place when no ``callbacks`` package is there).
+and ``callbacks/analysis/decision_cost.py`` and ``callbacks/analysis/keys.py`` put beside them, under their own
+names (the imports of decision_cost and keys fall back to that place when no ``callbacks`` package is there).
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ from .metrics import ExpectedCost
 from .run.errors import check_optimizer
 
 try:  # in this repository
+    from callbacks.analysis import keys
     from callbacks.analysis.decision_cost import CostMatrixError, load_cost_matrix
 except ModuleNotFoundError as missing:  # copied into another project (see "Copy with it" above)
     if missing.name != "callbacks":
         raise
+    from . import keys  # type: ignore[no-redef]
     from .decision_cost import CostMatrixError, load_cost_matrix  # type: ignore[no-redef]
 
 #: Where a relative cost-matrix path is looked up after the working directory (the shipped configs name
@@ -208,8 +210,8 @@ class ImageClassifier(pl.LightningModule):
         logits = self(x)
         loss = F.cross_entropy(logits, y)
         self.train_acc(logits, y)
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("train/acc", self.train_acc, on_step=True, on_epoch=False)
+        self.log(keys.TRAIN_LOSS_KEY, loss, prog_bar=True)
+        self.log(keys.TRAIN_ACC_KEY, self.train_acc, on_step=True, on_epoch=False)
         return loss
 
     @override
@@ -217,12 +219,12 @@ class ImageClassifier(pl.LightningModule):
         x, y = batch
         logits = self(x)
         self.val_acc(logits, y)
-        self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)
-        self.log("val/acc", self.val_acc, prog_bar=True)
+        self.log(keys.VAL_LOSS_KEY, F.cross_entropy(logits, y), sync_dist=True)
+        self.log(keys.VAL_ACC_KEY, self.val_acc, prog_bar=True)
         self.val_cost(logits, y)
         self.val_bayes_cost(logits, y)
-        self.log("val/expected_cost", self.val_cost)
-        self.log("val/bayes_expected_cost", self.val_bayes_cost)
+        self.log(keys.VAL_COST_KEY, self.val_cost)
+        self.log(keys.VAL_BAYES_COST_KEY, self.val_bayes_cost)
 
     @override
     def configure_optimizers(self) -> Any:

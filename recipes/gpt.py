@@ -29,7 +29,9 @@ key            meaning
 Throughput and MFU come from ``callbacks.throughput.TokenThroughput``, which reads this module's
 ``flops_per_batch`` (the PaLM estimate, :meth:`GPT.flops_per_token`).
 
-Copy with it (paths under ``recipes/``, each folder with an ``__init__.py``): ``run/errors.py``.
+Copy with it (paths under ``recipes/``, each folder with an ``__init__.py``): ``run/errors.py``, and
+``callbacks/analysis/keys.py`` put beside it, under its own name (the import of keys falls back to that place when
+no ``callbacks`` package is there).
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ from torch import nn
 from typing_extensions import override
 
 from .run.errors import check_optimizer
+
+try:  # in this repository
+    from callbacks.analysis import keys
+except ModuleNotFoundError as missing:  # copied into another project (see "Copy with it" above)
+    if missing.name != "callbacks":
+        raise
+    from . import keys  # type: ignore[no-redef]
 
 LN2 = math.log(2.0)
 
@@ -268,7 +277,7 @@ class GPT(pl.LightningModule):
         x = batch[0]
         self.flops_per_batch = self.flops_per_token(x.size(1)) * x.size(0)
         loss = self.loss(batch)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log(keys.TRAIN_LOSS_KEY, loss, prog_bar=True)
         return loss
 
     @override
@@ -276,8 +285,8 @@ class GPT(pl.LightningModule):
         x = batch[0]
         self.flops_per_batch = self.flops_per_token(x.size(1), training=False) * x.size(0)
         loss = self.loss(batch)
-        self.log("val/loss", loss, batch_size=x.size(0), sync_dist=True)
-        self.log("val/bpb", bits_per_byte(loss), batch_size=x.size(0), sync_dist=True, prog_bar=True)
+        self.log(keys.VAL_LOSS_KEY, loss, batch_size=x.size(0), sync_dist=True)
+        self.log(keys.VAL_BPB_KEY, bits_per_byte(loss), batch_size=x.size(0), sync_dist=True, prog_bar=True)
 
     # ------------------------------------------------------------ optimizer
     def _param_groups(self) -> list[dict[str, Any]]:

@@ -662,8 +662,9 @@ def test_copy_lists_are_read_as_written() -> None:
     assert copy_list(REPO / "callbacks" / "progress.py") == []
     assert copy_list(REPO / "datamodules" / "text.py") == ["loaders.py"]
     assert copy_list(REPO / "recipes" / "classifier.py") == ["metrics.py", "run/errors.py",
-                                                             "callbacks/analysis/decision_cost.py"]
-    assert copy_list(REPO / "recipes" / "gpt.py") == ["run/errors.py"]
+                                                             "callbacks/analysis/decision_cost.py",
+                                                             "callbacks/analysis/keys.py"]
+    assert copy_list(REPO / "recipes" / "gpt.py") == ["run/errors.py", "callbacks/analysis/keys.py"]
 
 
 @pytest.mark.parametrize("module", [*CALLBACKS, *DATAMODULES, *TASKS])
