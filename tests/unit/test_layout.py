@@ -311,6 +311,11 @@ def _private_uses(rel: str, project: _Project) -> list[tuple[int, str]]:
         if name not in project.defined and name not in DOCUMENTED_METHODS:
             found.append((line, f"{how}<object>.{name}"))
 
+    def key(line: int, name: str) -> None:
+        """A private key of a library's state (a dict it returns): a name the project does not define."""
+        if _private(name) and name not in project.defined:
+            found.append((line, f"key {name!r}"))
+
     def visit(node: ast.AST, cls: tuple[str, ast.ClassDef] | None) -> None:
         if isinstance(node, ast.ClassDef):
             cls = (rel, node)
@@ -332,6 +337,9 @@ def _private_uses(rel: str, project: _Project) -> list[tuple[int, str]]:
                     found.append((node.lineno, f"from {module} import {alias.name}"))
         elif isinstance(node, ast.Attribute):
             attribute(node.lineno, node.value, node.attr, cls, "")
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, str):
+            key(node.lineno, node.slice.value)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _DOTTED.fullmatch(node.value) \
                 and node.value.split(".")[0] in libraries and any(_private(p) for p in node.value.split(".")):
             found.append((node.lineno, f"names {node.value!r}"))  # a logger's or a module's name
@@ -341,6 +349,9 @@ def _private_uses(rel: str, project: _Project) -> list[tuple[int, str]]:
                     and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
                     and isinstance(node.args[1].value, str):
                 attribute(node.lineno, node.args[0], node.args[1].value, cls, f"{func.id}: ")
+            if isinstance(func, ast.Attribute) and func.attr in ("get", "pop", "setdefault") and node.args \
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                key(node.lineno, node.args[0].value)
             dotted = _dotted(func, aliases)
             if dotted in NOT_CONSTRUCTED:
                 found.append((node.lineno, f"constructs {dotted}: {NOT_CONSTRUCTED[dotted]}"))
@@ -396,6 +407,7 @@ class Bar(RichProgressBar):
         self._drawn += 1
         trainer._logger_connector.log_metrics({})
         getattr(trainer, "_logger_connector")
+        trainer.state_dict()["_snapshot"]
         threading._shutdown()
         dist._register_comm_hook
         _own()._drawn
@@ -420,6 +432,7 @@ def test_the_private_check_sees_each_kind(tmp_path: Path) -> None:
         "self._leave = False": "self._leave",
         "trainer._logger_connector.log_metrics({})": "<object>._logger_connector",
         'getattr(trainer, "_logger_connector")': "getattr",
+        'trainer.state_dict()["_snapshot"]': "key '_snapshot'",
         "threading._shutdown()": "threading._shutdown",
         "dist._register_comm_hook": "torch.distributed._register_comm_hook",
         '"mlflow.tracking._tracking_service.client"': "names 'mlflow.tracking._tracking_service.client'",
