@@ -47,6 +47,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from . import keys
+
 __all__ = ["BADPUT", "CATEGORIES", "LABELS", "Ledger", "carve_comm", "charge_redone", "check_sum", "largest_badputs",
            "metrics", "priced", "resolve_first_steps", "split_gap"]
 
@@ -226,8 +228,8 @@ def priced(ledger: Ledger, usd_per_instance_h: float) -> dict[str, float]:
     """Dollars per category at one price per instance-hour (every category, 0 where empty)."""
     if not (usd_per_instance_h >= 0 and math.isfinite(usd_per_instance_h)):
         raise ValueError(f"goodput: usd_per_instance_h={usd_per_instance_h!r} must be a finite number >= 0.")
-    keys = [*CATEGORIES, *(k for k in ledger.seconds if k not in CATEGORIES)]
-    return {k: ledger.instance_s.get(k, ledger.seconds.get(k, 0.0)) / 3600.0 * usd_per_instance_h for k in keys}
+    names = [*CATEGORIES, *(k for k in ledger.seconds if k not in CATEGORIES)]
+    return {k: ledger.instance_s.get(k, ledger.seconds.get(k, 0.0)) / 3600.0 * usd_per_instance_h for k in names}
 
 
 def largest_badputs(usd: Mapping[str, float], n: int = 3) -> list[tuple[str, float]]:
@@ -243,9 +245,9 @@ def metrics(ledger: Ledger, usd_per_instance_h: float) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in usd:
         if key in CATEGORIES or ledger.seconds.get(key):
-            out[f"goodput/{key}_s"] = ledger.seconds.get(key, 0.0)
-            out[f"goodput/{key}_usd"] = usd[key]
-    out["goodput/share"] = ledger.share()
+            out[keys.goodput_seconds_key(key)] = ledger.seconds.get(key, 0.0)
+            out[keys.goodput_usd_key(key)] = usd[key]
+    out[keys.GOODPUT_SHARE_KEY] = ledger.share()
     return out
 
 

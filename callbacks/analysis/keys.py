@@ -25,6 +25,8 @@ VAL_PREFIX = "val/"
 TRAIN_PREFIX = "train/"
 #: Prefix of the test metrics.
 TEST_PREFIX = "test/"
+#: Prefix of the per-device training figures of TokenThroughput (callbacks/throughput.py).
+TRAIN_DEVICE_PREFIX = f"{TRAIN_PREFIX}device/"
 #: The training loss of each step.
 TRAIN_LOSS_KEY = f"{TRAIN_PREFIX}loss"
 #: A classifier's training accuracy.
@@ -57,12 +59,28 @@ STEP_WINDOW_KEY = f"{TIME_PREFIX}step_s"
 STEP_KEY = f"{TIME_MEAN_PREFIX}step_s"
 #: Global samples per second, the run's mean.
 THROUGHPUT_KEY = f"{TIME_MEAN_PREFIX}samples_per_s"
+#: Seconds per step waiting for data, the run's mean.
+DATA_WAIT_KEY = f"{TIME_MEAN_PREFIX}data_s"
+#: Bytes all-reduced per step (as sent), the run's mean.
+COMM_BYTES_KEY = f"{COMM_MEAN_PREFIX}bytes_per_step"
+#: Seconds per step of measured communication, the run's mean.
+COMM_MEASURED_KEY = f"{COMM_MEAN_PREFIX}measured_s"
+#: The calibrated link's latency in microseconds, once (CommTimer, callbacks/utils/comm_timer.py).
+COMM_LATENCY_KEY = f"{COMM_PREFIX}latency_us"
+#: The calibrated link's bandwidth in Gbit/s, once (not logged when the fit gives none).
+COMM_BANDWIDTH_KEY = f"{COMM_PREFIX}bandwidth_gbps"
+#: Seconds the link calibration took.
+COMM_CALIBRATION_KEY = f"{COMM_PREFIX}calibration_s"
+#: R^2 of the calibration's linear fit.
+COMM_CALIBRATION_R2_KEY = f"{COMM_PREFIX}calibration_r2"
 #: The loop's stall for the checkpoints of one step (a point per step that saved).
 CHECKPOINT_STALL_KEY = f"{TIME_PREFIX}checkpoint_s"
 #: One validation run (a point per validation).
 VALIDATION_TIME_KEY = f"{TIME_PREFIX}validation_s"
+#: Prefix of the Amdahl figures.
+AMDAHL_PREFIX = "amdahl/"
 #: Amdahl's serial fraction of the whole run, at train end.
-SERIAL_KEY = "amdahl/serial_fraction"
+SERIAL_KEY = f"{AMDAHL_PREFIX}serial_fraction"
 
 
 def serial_key_at(world_size: int) -> str:
@@ -72,7 +90,7 @@ def serial_key_at(world_size: int) -> str:
 
 def predicted_speedup_key(devices: int) -> str:
     """Amdahl's predicted speedup on ``devices`` devices, at train end."""
-    return f"amdahl/predicted_speedup_{devices}"
+    return f"{AMDAHL_PREFIX}predicted_speedup_{devices}"
 
 
 # ---------------------------------------------------------------------------- CostTracker (callbacks/cost.py)
@@ -145,12 +163,40 @@ NOTICE_TO_SAVED_KEY = f"{SPOT_PREFIX}notice_to_saved_s"
 SPOT_LOST_STEPS_KEY = f"{SPOT_PREFIX}lost_steps"
 #: Seconds the checkpoint's upload to object storage took.
 UPLOAD_KEY = f"{SPOT_PREFIX}upload_s"
+#: Seconds between saves in use, once it is chosen (SaveSchedule, callbacks/utils/save_schedule.py).
+SAVE_INTERVAL_KEY = f"{SPOT_PREFIX}interval_s"
+#: Daly's optimal seconds between saves, for the measured save cost and the interruption rate.
+OPTIMAL_INTERVAL_KEY = f"{SPOT_PREFIX}optimal_interval_s"
+#: Seconds one save stalls the loop, as measured.
+SAVE_COST_KEY = f"{SPOT_PREFIX}save_cost_s"
+#: The expected share of time lost to saves and redone work at the interval in use.
+EXPECTED_OVERHEAD_KEY = f"{SPOT_PREFIX}expected_overhead"
 
 # ----------------------------------------------------------- recipes.scale's parent run (recipes/speedup/)
+#: Prefix of the scale sweep's figures.
+SCALE_PREFIX = "scale/"
+#: Throughput at each device count (a point per count, its step the count).
+SCALE_THROUGHPUT_KEY = f"{SCALE_PREFIX}throughput"
+#: Speedup over the smallest count, per count.
+SCALE_SPEEDUP_KEY = f"{SCALE_PREFIX}speedup"
+#: Parallel efficiency (speedup / devices), per count.
+SCALE_EFFICIENCY_KEY = f"{SCALE_PREFIX}efficiency"
 #: The sweep's Amdahl fit.
-SCALE_SERIAL_KEY = "scale/amdahl_serial_fraction"
+SCALE_SERIAL_KEY = f"{SCALE_PREFIX}amdahl_serial_fraction"
+#: R^2 of the Amdahl fit.
+SCALE_AMDAHL_R2_KEY = f"{SCALE_PREFIX}amdahl_r2"
+#: The sweep's Gustafson fit.
+SCALE_GUSTAFSON_KEY = f"{SCALE_PREFIX}gustafson_serial_fraction"
 #: The sweep's USL fit (a, b).
-SCALE_USL_KEYS = ("scale/usl_a", "scale/usl_b")
+SCALE_USL_KEYS = (f"{SCALE_PREFIX}usl_a", f"{SCALE_PREFIX}usl_b")
+#: The device count at which the USL fit's throughput peaks.
+SCALE_USL_PEAK_KEY = f"{SCALE_PREFIX}usl_peak_n"
+
+
+def scale_predicted_speedup_key(devices: int) -> str:
+    """The better law's predicted speedup at a held-out device count ``devices``."""
+    return f"{SCALE_PREFIX}predicted_speedup_{devices}"
+
 
 # ------------------------------------------------------------------------------------------------------ tags
 #: MLflow's own tag of a nested run: its parent run's id (a sweep's trials, a scale sweep's runs).
@@ -158,6 +204,8 @@ PARENT_RUN_TAG = "mlflow.parentRunId"
 #: What a run stands for when it is no plain training run: ``scale``, ``scale-fit`` (recipes.scale), ``sweep``
 #: (recipes.sweep's parent).
 KIND_TAG = "atscale.kind"
+#: A recipes.scale parent's scaling mode (``strong`` or ``weak``: its ``--mode``).
+MODE_TAG = "atscale.mode"
 #: A sweep parent's sweep name.
 SWEEP_NAME_TAG = "atscale.sweep"
 #: A sweep trial's sweep name.
@@ -166,9 +214,15 @@ TRIAL_SWEEP_TAG = "sweep"
 TRIAL_TAG = "trial"
 #: ``"true"`` on a trial the sweep pruned (absent otherwise).
 PRUNED_TAG = "pruned"
+#: The epoch after which the sweep pruned the trial.
+PRUNED_AT_TAG = "pruned_at_epoch"
 #: A recipes.scale parent's better-fitting law (``amdahl`` or ``usl``).
 BEST_LAW_TAG = "atscale.best_law"
 #: Set by ``recipes.reproduce`` on a rerun: the id of the run it reproduces.
 REPRODUCES_TAG = "reproduces"
+#: Where the run's files live (``recipes.run.tracking`` sets it; ``find_run`` reads it).
+RUN_DIR_TAG = "atscale.run_dir"
+#: A run resumed on another world size: ``"2->1@12"`` (saved ranks -> ranks, at step), ``; ``-joined.
+ELASTIC_TAG = "atscale.elastic"
 #: Set by ``recipes.promote`` on the run it registered: ``<model>/<version>@<alias>``.
 REGISTERED_AS_TAG = "registered_as"

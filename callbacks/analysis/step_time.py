@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from .keys import predicted_speedup_key
 from .scaling import amdahl_speedup
 
 __all__ = ["PARTS", "PREDICT_N", "SERIAL_PARTS", "amdahl_predictions", "amdahl_serial_fraction", "overlap",
@@ -83,7 +84,7 @@ def amdahl_serial_fraction(share: float, world_size: int = 1) -> float:
 
 def amdahl_predictions(s: float, devices: tuple[int, ...] = PREDICT_N) -> dict[str, float]:
     """``{"amdahl/predicted_speedup_N": 1/(s + (1-s)/N)}`` for each N in ``devices``."""
-    return {f"amdahl/predicted_speedup_{n}": float(amdahl_speedup(n, s)) for n in devices}
+    return {predicted_speedup_key(n): float(amdahl_speedup(n, s)) for n in devices}
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 import torch.distributed as dist
 
+from ..analysis import keys
 from ..analysis.comm_model import LinkModel, calibrate, measure_allreduce
 from .comm_hooks import add_comm_hook_wrapper, composed_hook, wire_bytes
 from .profiler import quiet_cpu_profiler
@@ -130,14 +131,15 @@ class CommTimer:
         except (RuntimeError, ValueError) as err:
             log.warning("StepTiming: all-reduce calibration failed (%s); no communication prediction.", err)
             return {}
-        metrics = {"comm/latency_us": self.link.latency_s * 1e6, "comm/calibration_s": time.perf_counter() - start}
+        metrics = {keys.COMM_LATENCY_KEY: self.link.latency_s * 1e6,
+                   keys.COMM_CALIBRATION_KEY: time.perf_counter() - start}
         if math.isfinite(self.link.bandwidth_bytes_per_s):  # an infinite fit is "not measurable", not 0
-            metrics["comm/bandwidth_gbps"] = self.link.bandwidth_bytes_per_s * 8 / 1e9
+            metrics[keys.COMM_BANDWIDTH_KEY] = self.link.bandwidth_bytes_per_s * 8 / 1e9
         else:
             log.warning("StepTiming: the all-reduce timings show no bandwidth term (latency-bound); "
-                        "comm/bandwidth_gbps is not logged.")
+                        "%s is not logged.", keys.COMM_BANDWIDTH_KEY)
         if not math.isnan(self.link.r_squared):
-            metrics["comm/calibration_r2"] = self.link.r_squared
+            metrics[keys.COMM_CALIBRATION_R2_KEY] = self.link.r_squared
         return metrics
 
     # ------------------------------------------------------------------ FSDP

@@ -10,15 +10,11 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ELASTIC_TAG", "LOSS_KEY", "lost_steps", "tag_elastic"]
+from ..analysis.keys import ELASTIC_TAG, TRAIN_LOSS_KEY
+
+__all__ = ["ELASTIC_TAG", "lost_steps", "tag_elastic"]
 
 log = logging.getLogger(__name__)
-
-#: MLflow tag of a run resumed on another world size: ``"2->1@12"`` (saved ranks -> ranks, at step), ``; ``-joined.
-ELASTIC_TAG = "atscale.elastic"
-#: The metric every step logs: its history says how far the interrupted attempt got.
-LOSS_KEY = "train/loss"
-
 
 def _runs(loggers: Iterable[Any], needs: str) -> list[tuple[Any, str]]:
     out = []
@@ -47,8 +43,8 @@ def lost_steps(loggers: Iterable[Any], resumed_step: int, steps_run: int | None 
     """
     furthest = resumed_step
     for client, run_id in _runs(loggers, "get_metric_history"):
-        # a metric logged after optimizer step k carries step k - 1 (Lightning counts from 0)
-        steps = [m.step + 1 for m in client.get_metric_history(run_id, LOSS_KEY)]
+        # the loss is logged every step; a metric logged after optimizer step k carries step k - 1 (from 0)
+        steps = [m.step + 1 for m in client.get_metric_history(run_id, TRAIN_LOSS_KEY)]
         furthest = max([furthest, *steps])
     if steps_run is not None:
         furthest = max(furthest, steps_run - saved_lost)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
+from ..analysis import keys
 from ..analysis.ckpt_interval import daly_interval, expected_overhead, interval_mismatch, mtbf_from_rate
 
 __all__ = ["FLOOR_S", "SaveSchedule", "describe_save"]
@@ -98,6 +99,6 @@ class SaveSchedule:
                         "(for %s and a %.1f h MTBF).", self.every_minutes, optimum_s / 60, cost, mtbf_s / 3600)
         if self.interval_s is None:
             return None
-        return {"spot/interval_s": self.interval_s, "spot/optimal_interval_s": optimum_s,
-                "spot/save_cost_s": save_cost_s,
-                "spot/expected_overhead": expected_overhead(self.interval_s, save_cost_s, mtbf_s)}
+        return {keys.SAVE_INTERVAL_KEY: self.interval_s, keys.OPTIMAL_INTERVAL_KEY: optimum_s,
+                keys.SAVE_COST_KEY: save_cost_s,
+                keys.EXPECTED_OVERHEAD_KEY: expected_overhead(self.interval_s, save_cost_s, mtbf_s)}

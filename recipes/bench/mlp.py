@@ -15,6 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
+from callbacks.analysis import keys
+
 
 # ------------------------------------------------------------------ model and data
 def mlp(features: int, hidden: int, layers: int, classes: int) -> nn.Sequential:
@@ -55,13 +57,13 @@ class BenchModule(pl.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = F.cross_entropy(self(x), y)
-        self.log("train/loss", loss)
+        self.log(keys.TRAIN_LOSS_KEY, loss)
         return loss
 
     @override
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
-        self.log("val/acc", (self(x).argmax(-1) == y).float().mean())
+        self.log(keys.VAL_ACC_KEY, (self(x).argmax(-1) == y).float().mean())
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from callbacks.utils.resume_record import LOSS_KEY, lost_steps
+from callbacks.analysis.keys import TRAIN_LOSS_KEY
+from callbacks.utils.resume_record import lost_steps
 
 
 class History:
@@ -14,7 +15,7 @@ class History:
         self.steps = steps
 
     def get_metric_history(self, run_id: str, key: str) -> list[SimpleNamespace]:
-        assert key == LOSS_KEY
+        assert key == TRAIN_LOSS_KEY
         return [SimpleNamespace(step=s) for s in self.steps]
 
 
