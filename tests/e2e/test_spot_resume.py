@@ -53,7 +53,7 @@ def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str, t
     deadline = time.monotonic() + timeout
     while not condition():
         assert proc.poll() is None, f"the launch ended (exit {proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
         time.sleep(poll_s)
 
 
