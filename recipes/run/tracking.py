@@ -38,13 +38,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+# RUN_DIR_TAG (where a run's files live) is defined in keys.py; its importers may take it from here too
+from callbacks.analysis.keys import RUN_DIR_TAG, TRAIN_PREFIX
 from recipes.run.errors import MetricsRefused, StoreFull, out_of_space, space_reason
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-#: Tag of an MLflow run naming where its files live (a local run directory or an object-storage URL).
-RUN_DIR_TAG = "atscale.run_dir"
 
 #: A URL's scheme and userinfo. The authority ends at the first ``/``, ``?`` or ``#`` (or, in free text, a space); the
 #: userinfo is everything in it before its LAST ``@``: how urllib3 (hence requests, botocore's and MLflow's HTTP
@@ -386,7 +386,7 @@ def confirm_metrics(logger: Any, every: int, trained: int, continued: bool) -> N
 
 
 #: Keys :func:`lost_points` checks: those training logs every ``log_every_n_steps`` steps.
-LOGGED_EVERY_STEP_PREFIX = "train/"
+LOGGED_EVERY_STEP_PREFIX = TRAIN_PREFIX
 
 
 def lost_steps(history: Mapping[str, Iterable[int]], every: int, trained: int) -> dict[str, list[int]]:

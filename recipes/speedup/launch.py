@@ -18,12 +18,17 @@ import mlflow
 import yaml
 from rich.console import Console
 
-from callbacks.storage.remote_store import StoreError, check_writable, is_remote
-from recipes.run.common import (
-    ENV_PARENT_RUN_ID,
+from callbacks.analysis.keys import (
+    KIND_TAG,
+    MODE_TAG,
+    PARENT_RUN_TAG,
     SERIAL_KEY,
     STEP_KEY,
     THROUGHPUT_KEY,
+)
+from callbacks.storage.remote_store import StoreError, check_writable, is_remote
+from recipes.run.common import (
+    ENV_PARENT_RUN_ID,
     UsageError,
     check_name,
     check_tracking_server,
@@ -138,7 +143,7 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment_id = ensure_experiment(client, experiment)
     parent = client.create_run(experiment_id, run_name=out_dir.name,
-                               tags={"atscale.kind": "scale", "atscale.mode": args.mode})
+                               tags={KIND_TAG: "scale", MODE_TAG: args.mode})
     parent_id = parent.info.run_id
     client.log_batch(parent_id, params=[mlflow.entities.Param(k, str(v)) for k, v in {
         "mode": args.mode, "devices": ",".join(map(str, devices)), "steps": args.steps, "warmup": args.warmup,
@@ -168,7 +173,7 @@ def run_sweep(args: argparse.Namespace, extra: Sequence[str], console: Console) 
             run = find_run(client, [experiment_id], name)
             if run is None:
                 raise ChildFailed(f"N={n}: no MLflow run named {name!r} in experiment {experiment!r}")
-            client.set_tag(run.info.run_id, "mlflow.parentRunId", parent_id)
+            client.set_tag(run.info.run_id, PARENT_RUN_TAG, parent_id)
             metrics = run.data.metrics
             if THROUGHPUT_KEY not in metrics:
                 raise ChildFailed(f"N={n}: the run logged no {THROUGHPUT_KEY} (StepTiming missing, or fewer "
@@ -210,7 +215,7 @@ def run_from_csv(args: argparse.Namespace, console: Console) -> ScaleResult:
     if not args.no_mlflow:
         client = mlflow.MlflowClient(tracking_uri=tracking_uri())
         experiment_id = ensure_experiment(client, experiment)
-        run = client.create_run(experiment_id, run_name=out_dir.name, tags={"atscale.kind": "scale-fit"})
+        run = client.create_run(experiment_id, run_name=out_dir.name, tags={KIND_TAG: "scale-fit"})
         result.parent_run_id = run.info.run_id
         client.log_param(run.info.run_id, "from_csv", str(args.from_csv))
         try:

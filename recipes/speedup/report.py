@@ -16,6 +16,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from callbacks.analysis import keys
 from callbacks.analysis.scaling import amdahl_speedup, gustafson_speedup, usl_speedup
 from recipes.speedup.points import ScaleResult, no_speedup
 
@@ -102,17 +103,18 @@ def log_parent(client: mlflow.MlflowClient, result: ScaleResult) -> None:
     now = int(time.time() * 1000)
     metrics = []
     for p in result.points:
-        for key, value in (("scale/throughput", p.throughput), ("scale/speedup", p.speedup),
-                           ("scale/efficiency", p.efficiency)):
+        for key, value in ((keys.SCALE_THROUGHPUT_KEY, p.throughput), (keys.SCALE_SPEEDUP_KEY, p.speedup),
+                           (keys.SCALE_EFFICIENCY_KEY, p.efficiency)):
             metrics.append(mlflow.entities.Metric(key, value, now, p.devices))
-    summary = {"scale/amdahl_serial_fraction": fits.amdahl.serial_fraction, "scale/amdahl_r2": fits.amdahl.r_squared,
-               "scale/gustafson_serial_fraction": fits.gustafson.serial_fraction, "scale/usl_a": fits.usl.a,
-               "scale/usl_b": fits.usl.b, "scale/usl_peak_n": fits.usl.peak_n}
+    usl_a, usl_b = keys.SCALE_USL_KEYS
+    summary = {keys.SCALE_SERIAL_KEY: fits.amdahl.serial_fraction, keys.SCALE_AMDAHL_R2_KEY: fits.amdahl.r_squared,
+               keys.SCALE_GUSTAFSON_KEY: fits.gustafson.serial_fraction, usl_a: fits.usl.a, usl_b: fits.usl.b,
+               keys.SCALE_USL_PEAK_KEY: fits.usl.peak_n}
     for check in result.prediction_checks():
-        summary[f"scale/predicted_speedup_{check['devices']}"] = check["predicted_speedup"]
+        summary[keys.scale_predicted_speedup_key(check["devices"])] = check["predicted_speedup"]
     metrics += [mlflow.entities.Metric(k, v, now, 0) for k, v in summary.items() if math.isfinite(v)]
     client.log_batch(run_id, metrics=metrics)
-    client.set_tag(run_id, "atscale.best_law", fits.best)
+    client.set_tag(run_id, keys.BEST_LAW_TAG, fits.best)
     for name in ("scaling.csv", "scaling.png", "scaling.json"):
         client.log_artifact(run_id, str(result.out_dir / name))
 

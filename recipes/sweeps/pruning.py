@@ -21,6 +21,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import MLFlowLogger
 from typing_extensions import override
 
+from callbacks.analysis.keys import PRUNED_AT_TAG, PRUNED_TAG
+
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
 
@@ -120,7 +122,7 @@ class SweepTrial(Callback):
         self._storage.set_trial_user_attr(self._tid, PRUNED_ATTR, epoch)
         logger = self._mlflow(trainer)
         if logger is not None and logger.run_id:
-            logger.experiment.set_tag(logger.run_id, "pruned", "true")
-            logger.experiment.set_tag(logger.run_id, "pruned_at_epoch", str(epoch))
+            logger.experiment.set_tag(logger.run_id, PRUNED_TAG, "true")
+            logger.experiment.set_tag(logger.run_id, PRUNED_AT_TAG, str(epoch))
         log.warning("Trial %d pruned after epoch %d (%s %.4f).", self.trial, epoch, self.metric, float(value))
         return True

@@ -41,6 +41,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
+from callbacks.analysis.keys import KIND_TAG, SWEEP_NAME_TAG, TRIAL_SWEEP_TAG, TRIAL_TAG
 from recipes.run.common import ENV_FROM_PARENT, ENV_PARENT_RUN_ID, ENV_RUN_TAGS, SIGINT_EXIT_CODE
 from recipes.run.tracking import redact
 
@@ -168,7 +169,7 @@ class Sweep:
                 self.client.update_run(run_id, status="RUNNING")
                 return str(run_id)
             run = self.client.create_run(self.experiment_id, run_name=self.args.name,
-                                         tags={"atscale.kind": "sweep", "atscale.sweep": self.args.name})
+                                         tags={KIND_TAG: "sweep", SWEEP_NAME_TAG: self.args.name})
             run_id = run.info.run_id
             params = {"space": json.dumps({k: str(v) for k, v in self.space.items()}), "trials": self.args.trials,
                       "metric": self.args.metric, "mode": self.args.mode, "sampler": self.args.sampler,
@@ -202,7 +203,7 @@ class Sweep:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_slots[slot]
         env.setdefault("MLFLOW_TRACKING_URI", self.args.tracking_uri)
         env.update({ENV_PARENT_RUN_ID: self.parent_run_id, ENV_SWEEP_STORAGE: self.args.storage,
-                    ENV_RUN_TAGS: json.dumps({"sweep": self.args.name, "trial": str(number)}),
+                    ENV_RUN_TAGS: json.dumps({TRIAL_SWEEP_TAG: self.args.name, TRIAL_TAG: str(number)}),
                     "PYTHONUNBUFFERED": "1"})
         return env
 

@@ -32,15 +32,8 @@ KEY = re.compile(r"^(time|cost|goodput|train|val|test|baseline|amdahl|comm|spot|
 PENDING: dict[str, set[str]] = {
     # writers: log the names they define (LightningModules, callbacks and utilities of other owners)
     "callbacks/throughput.py": {"train/", "train/device/mfu", "train/device/tokens_per_sec", "train/tokens_per_sec"},
-    "recipes/speedup/launch.py": {"atscale.kind", "atscale.mode"},
-    "recipes/speedup/report.py": {"atscale.best_law", "scale/amdahl_r2", "scale/amdahl_serial_fraction",
-                                  "scale/efficiency", "scale/gustafson_serial_fraction", "scale/predicted_speedup_",
-                                  "scale/speedup", "scale/throughput", "scale/usl_a", "scale/usl_b",
-                                  "scale/usl_peak_n"},
-    "recipes/sweeps/runner.py": {"atscale.kind", "atscale.sweep"},
     "recipes/run/context.py": {"atscale.data", "atscale.devices", "atscale.git_sha", "atscale.market", "atscale.model",
                                "atscale.precision", "atscale.recipe", "atscale.strategy"},
-    "recipes/run/tracking.py": {"atscale.run_dir", "train/"},
     # readers
     "recipes/api.py": {"baseline/", "cost/usd", "spot/", "test/", "train/loss", "val/"},
     "recipes/bench/compression.py": {"comm/mean/bytes_per_step", "comm/mean/measured_s", "time/mean/step_s",
