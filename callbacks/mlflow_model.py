@@ -121,6 +121,10 @@ class LogModel(Callback):
             return
         self._log_fit(trainer, pl_module)
 
+    def after_fit(self, trainer: Trainer) -> None:
+        """After ``trainer.fit`` (``callbacks.utils.run_report.AfterFit``): the model ``defer`` held back."""
+        self.log_deferred()
+
     def log_deferred(self) -> str | None:
         """Log the model that ``defer`` held back at fit end (call once ``trainer.fit`` has returned)."""
         deferred, self._deferred = self._deferred, None

@@ -210,11 +210,9 @@ class SpotCheckpoint(Callback):
         self.drill = FireDrill(drill_steps, drill_validation_epochs, drill_rate, drill_seed)
         self.notice_grace_s, self.stall_floor_s, self.stall_factor = notice_grace_s, stall_floor_s, stall_factor
 
-        # State kept across resumes (state_dict).
-        self.mlflow_run_id: str | None = None
+        self.mlflow_run_id: str | None = None  # kept across resumes (state_dict), as is interruptions
         self.interruptions = 0
-        # This process only.
-        self.interrupted = False
+        self.interrupted = False  # this process only, as is everything below
         self._save_at_epoch_end = False  # a notice at the epoch's last batch: validate, then save again
         self.notice: notices.Notice | None = None
         self._notice_time: float | None = None
@@ -542,6 +540,10 @@ class SpotCheckpoint(Callback):
         if self._last_saved_step == trainer.global_step:
             return  # every_n_steps (or the interval) saved this very step at its batch's end
         self.save(trainer, wait=False)
+
+    def exit_code(self) -> int | None:
+        """``REQUEUE_EXIT_CODE`` once stopped on a notice (``callbacks.utils.run_report.ExitCode``): relaunch me."""
+        return REQUEUE_EXIT_CODE if self.interrupted else None
 
     @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: pl.LightningModule,

@@ -568,6 +568,10 @@ class StepTiming(Callback):
             self.plot_path = self._write_plot(trainer)
         return self.plot_path
 
+    def after_fit(self, trainer: Trainer) -> None:
+        """After ``trainer.fit`` (``callbacks.utils.run_report.AfterFit``): the deferred plot, off the loop."""
+        self.write_deferred_plot()
+
     def run_dir(self, trainer: Trainer) -> Path:
         """The checkpoint directory's parent (the CLI's run directory), else ``default_root_dir``."""
         ckpt = trainer.checkpoint_callback

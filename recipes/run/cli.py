@@ -50,6 +50,7 @@ from callbacks.spot import REQUEUE_EXIT_CODE, SpotCheckpoint
 from callbacks.storage import remote_store
 from callbacks.storage.remote_store import StoreError
 from callbacks.timing import StepTiming
+from callbacks.utils.run_report import AfterFit, ExitCode, SummaryRows
 from recipes.run import tracking
 from recipes.run.agree import DecisionFailed, agent_store_available, decided_once
 from recipes.run.cli_callbacks import (
@@ -361,9 +362,6 @@ class AtscaleCLI(LightningCLI):
     def mlflow_logger(self) -> MLFlowLogger | None:
         return next((lg for lg in self.trainer.loggers if isinstance(lg, MLFlowLogger)), None)
 
-    def spot(self) -> SpotCheckpoint | None:
-        return next((cb for cb in self.trainer.callbacks if isinstance(cb, SpotCheckpoint)), None)
-
     def fit(self) -> int:
         """Train, then report; returns the process exit code."""
         assert self.context is not None
@@ -412,9 +410,11 @@ class AtscaleCLI(LightningCLI):
             if monitor is not None:
                 monitor.finish()
         duration = time.monotonic() - start
-        spot = self.spot()
-        interrupted = spot is not None and spot.interrupted
         self._after_fit(logger)
+        # the callbacks' asks (SpotCheckpoint's 75 after a notice): the largest wins
+        code = max((c for cb in self.trainer.callbacks if isinstance(cb, ExitCode) and (c := cb.exit_code())),
+                   default=0)
+        interrupted = code == REQUEUE_EXIT_CODE
         if logger is not None and self.trainer.is_global_zero and interrupted:
             logger.experiment.set_terminated(logger.run_id, "KILLED")
         if self.trainer.is_global_zero:
@@ -422,16 +422,14 @@ class AtscaleCLI(LightningCLI):
             if self.show_summary:
                 self.print_summary(*self.summary)
         destroy_process_group()  # every rank got here; recipes.fit then ends the process (recipes.run.shutdown)
-        return REQUEUE_EXIT_CODE if interrupted else 0
+        return code
 
     def _after_fit(self, logger: MLFlowLogger | None) -> None:
-        """What the callbacks deferred past ``trainer.fit``, off the training loop: the time plot and the model."""
+        """What the callbacks deferred past ``trainer.fit``, off the training loop (the time plot, the model)."""
         try:
             for callback in self.trainer.callbacks:
-                if isinstance(callback, StepTiming):
-                    callback.write_deferred_plot()
-                elif isinstance(callback, LogModel):
-                    callback.log_deferred()
+                if isinstance(callback, AfterFit):
+                    callback.after_fit(self.trainer)
         except BaseException:
             if logger is not None and self.trainer.is_global_zero and logger.run_id:
                 logger.experiment.set_terminated(logger.run_id, "FAILED")
@@ -470,7 +468,7 @@ class AtscaleCLI(LightningCLI):
             else "atscale run — finished"
         rows = [(key, f"{metrics[key]:.4f}") for key in sorted(metrics)]
         for callback in self.trainer.callbacks:
-            if hasattr(callback, "summary_rows"):
+            if isinstance(callback, SummaryRows):
                 rows += list(callback.summary_rows(metrics))
         rows.append(("duration", f"{duration:.1f} s (global step {self.trainer.global_step})"))
         logger = self.mlflow_logger()
