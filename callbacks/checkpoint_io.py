@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -42,7 +43,6 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 from typing_extensions import override
@@ -224,7 +224,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.upload_failures = 0
 
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
+                        storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options (got {storage_options!r}).")
         # atomic_write raises the OSError that torch.save's zip writer wraps in a RuntimeError
@@ -239,7 +240,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         else:
             publish()
 
-    def _publish(self, path: _PATH, checkpoint: dict[str, Any], size: int, sha256: str,
+    def _publish(self, path: str | os.PathLike, checkpoint: dict[str, Any], size: int, sha256: str,
                  points: list[Any] | None = None) -> None:
         """The integrity record (which makes the checkpoint good), then the upload."""
         # the run metadata without the per-rank RNG states (they stay in the checkpoint)
@@ -264,7 +265,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 self.upload_failures += 1
 
     @override
-    def remove_checkpoint(self, path: _PATH) -> None:
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
         ckpt_store.remove(path)
         if self.mirror is not None:
             self.mirror.try_remove(Path(path).name)
@@ -502,7 +503,7 @@ class BoundedAsyncCheckpointIO(AsyncCheckpointIO):
         executor.submit(run if gate is None else functools.partial(gate.then, run))
 
     @override
-    def remove_checkpoint(self, path: _PATH) -> None:
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Remove in the writer thread, after the saves submitted before: the replaced best checkpoint goes
         only once its successor is written (and uploaded)."""
         inner = self.checkpoint_io

@@ -25,6 +25,8 @@ from torch.utils.data import Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
+from .compat import iterator_finished, sampler_state, served_sampler_state, with_sampler_state
+
 __all__ = ["CURSOR_KEY", "PassSampler", "ResumableLoader", "batches_per_epoch", "stateful_train_loader"]
 
 log = logging.getLogger(__name__)
@@ -205,12 +207,11 @@ class ResumableLoader(StatefulDataLoader):
             cursor = sampler.state_dict()
             # with workers, the sampler in this process has run ahead by the batches the workers prefetch; the
             # position at the last batch handed out is the one in torchdata's snapshot
-            main = (state.get("_snapshot") or {}).get("_main_snapshot") or {}
-            snapshot = (main.get("_sampler_iter_state") or {}).get("sampler_state")
+            snapshot = served_sampler_state(state)
             if isinstance(snapshot, dict) and "yielded" in snapshot:
                 cursor = dict(snapshot)
-            state[CURSOR_KEY] = {**cursor, "complete": bool(cursor.get("complete") or state.get(
-                "_iterator_finished", False)), "world_size": sampler.num_replicas}
+            state[CURSOR_KEY] = {**cursor, "complete": bool(cursor.get("complete") or iterator_finished(state)),
+                                 "world_size": sampler.num_replicas}
         return state
 
     @override
@@ -220,11 +221,11 @@ class ResumableLoader(StatefulDataLoader):
         sampler = self.sampler
         # the sampler's own state is the global cursor already; only Lightning's count needs the new world's units
         saved_world = int(cursor["world_size"]) if cursor is not None else None
-        nested = (state.get("_sampler_iter_state") or {}).get("sampler_state")
+        nested = sampler_state(state)
         if cursor is None and isinstance(sampler, PassSampler) and isinstance(nested, dict) and "yielded" in nested:
             # a state of the per-rank sampler this one replaced (same world): its count was one rank's
-            state["_sampler_iter_state"] = {**state["_sampler_iter_state"], "sampler_state": {
-                **nested, "yielded": min(sampler.samples_per_pass, int(nested["yielded"]) * sampler.num_replicas)}}
+            state = with_sampler_state(state, {
+                **nested, "yielded": min(sampler.samples_per_pass, int(nested["yielded"]) * sampler.num_replicas)})
         if saved_world is not None and isinstance(sampler, PassSampler) and saved_world != sampler.num_replicas:
             self.resharded = (saved_world, sampler.num_replicas)
             done = bool(cursor.get("complete")) or int(cursor["yielded"]) >= sampler.samples_per_pass

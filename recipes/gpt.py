@@ -236,7 +236,10 @@ class GPT(pl.LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        try:
+            datamodule = self.trainer.datamodule
+        except RuntimeError:  # set up by hand, with no Trainer attached
+            datamodule = None
         data_block = getattr(datamodule, "block_size", None)
         if data_block is not None and data_block > self.hparams.block_size:
             raise ValueError(f"GPT(block_size={self.hparams.block_size}) is shorter than the data's windows "

@@ -357,7 +357,7 @@ def upload(fs: Any, staging: Path, root: str, url: str, meta: dict[str, Any]) ->
         for path in files:
             target = f"{root}/{path.relative_to(staging).as_posix()}"
             size = path.stat().st_size
-            if there.get(fs._strip_protocol(target)) != size:
+            if there.get(target) != size:  # root came stripped from url_to_fs, as find() names files
                 try:
                     if "://" not in url:  # a folder needs its parents; a bucket URL has none to make
                         fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)

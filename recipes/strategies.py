@@ -15,6 +15,8 @@ from typing import Any
 from lightning.pytorch.strategies import ModelParallelStrategy
 from typing_extensions import override
 
+from recipes.run.compat import set_model_parallel_sizes
+
 __all__ = ["FullyShardedDataParallel"]
 
 
@@ -33,6 +35,5 @@ class FullyShardedDataParallel(ModelParallelStrategy):
 
     @override
     def setup_environment(self) -> None:
-        self._data_parallel_size = self.num_nodes * self.num_processes
-        self._tensor_parallel_size = 1
+        set_model_parallel_sizes(self, self.num_nodes * self.num_processes, 1)
         super().setup_environment()

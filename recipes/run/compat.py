@@ -33,6 +33,10 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
 - :func:`set_model_parallel_sizes`: Lightning's ``ModelParallelStrategy`` resolves its ``"auto"`` sizes in
   ``setup_environment`` from attributes it keeps to itself; a strategy with a data-parallel mesh of every process
   (``recipes/strategies.py``) sets them first.
+- :func:`stale_heartbeat_trial_ids`: the RUNNING trials whose Optuna heartbeat is older than the storage's grace
+  period, without failing them: ``RDBStorage._get_stale_trial_ids`` (the abstract method every Optuna heartbeat
+  storage implements; checked on Optuna 5.1); its only public caller, ``optuna.storages.fail_stale_trials``, FAILs
+  them, and a sweep hands a stale trial back to WAITING as itself (``recipes/sweeps/study.py``).
 - :class:`HelpFormatter`: argparse's ``HelpFormatter._get_help_string``, the one hook that decides whether an
   option's help says its default (argparse documents its formatter classes' names, not their methods).
 """
@@ -65,6 +69,12 @@ def set_model_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel:
     ``tensor_parallel`` (the sizes its constructor took, "auto" resolved by the caller)."""
     strategy._data_parallel_size = data_parallel
     strategy._tensor_parallel_size = tensor_parallel
+
+
+def stale_heartbeat_trial_ids(storage: Any, study_id: int) -> set[int]:
+    """The ids of ``study_id``'s RUNNING trials whose heartbeat in ``storage`` (an Optuna heartbeat storage) is
+    older than its grace period."""
+    return set(storage._get_stale_trial_ids(study_id))
 
 
 def mlflow_schema_head() -> str:

@@ -28,6 +28,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from callbacks.cpu_threads import AdaptiveCpuThreads, FixedCpuThreads
 from callbacks.spot import REQUEUE_EXIT_CODE
 from recipes.run.common import SIGINT_EXIT_CODE, UsageError
+from recipes.run.compat import MLFLOW_TRACKING_CLIENT_LOGGER
 from recipes.run.errors import out_of_space
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class _DropOutOfSpace(logging.Filter):
 #: MLflow's loggers that print a full store's failed writes, each with its traceback (several per logging window):
 #: the run says it once, in the one line that ends it (``recipes.run.errors.store_full_message``).
 MLFLOW_WRITE_LOGGERS = ("mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue",
-                        "mlflow.system_metrics.system_metrics_monitor", "mlflow.tracking._tracking_service.client")
+                        "mlflow.system_metrics.system_metrics_monitor", MLFLOW_TRACKING_CLIENT_LOGGER)
 _DROP_OUT_OF_SPACE = _DropOutOfSpace()
 #: One filter object for every launch: ``addFilter`` skips one already there, so a kernel or a sweep that launches
 #: many fits in one process does not pile up a filter per launch.

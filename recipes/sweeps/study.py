@@ -41,6 +41,7 @@ from optuna.exceptions import DuplicatedStudyError, ExperimentalWarning
 from optuna.trial import TrialState
 
 from recipes.run.common import UsageError
+from recipes.run.compat import stale_heartbeat_trial_ids
 
 __all__ = ["HEARTBEAT_S", "OWNER_ATTR", "claim_trial", "heartbeat", "make_pruner", "make_sampler", "open_storage",
            "open_study", "release", "stale_trials", "study_lock", "trial_id"]
@@ -297,10 +298,9 @@ def _stale_heartbeats(storage: optuna.storages.RDBStorage, study: optuna.Study, 
                                            heartbeat_interval=HEARTBEAT_S,
                                            grace_period=max(1, math.ceil(stale_after_s)))
     try:
-        # private: RDBStorage._get_stale_trial_ids (the abstract method of Optuna's BaseHeartbeat that every
-        # heartbeat storage implements; checked on Optuna 5.1). Its only public caller, fail_stale_trials, FAILs the
-        # trials it finds (final), where a sweep hands them back to WAITING as themselves (module docstring).
-        return set(watch._get_stale_trial_ids(storage.get_study_id_from_name(study.study_name)))
+        # Optuna's public fail_stale_trials FAILs the trials it finds (final), where a sweep hands them back to
+        # WAITING as themselves (module docstring): the finding alone goes through recipes/run/compat.py
+        return stale_heartbeat_trial_ids(watch, storage.get_study_id_from_name(study.study_name))
     finally:
         watch.engine.dispose()
 

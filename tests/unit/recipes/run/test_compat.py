@@ -183,3 +183,24 @@ def test_set_model_parallel_sizes_sets_what_model_parallel_strategy_resolves() -
     source = inspect.getsource(ModelParallelStrategy.setup_environment)
     assert "self._data_parallel_size" in source and "self._tensor_parallel_size" in source, \
         "compat.set_model_parallel_sizes: ModelParallelStrategy.setup_environment no longer reads them"
+
+
+def test_stale_heartbeat_trial_ids_finds_silent_running_trials_without_failing_them(tmp_path: Path) -> None:
+    import time
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=60,
+                                             grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    silent, alive = study.ask(), study.ask()
+    storage.record_heartbeat(silent._trial_id)
+    time.sleep(2.2)
+    storage.record_heartbeat(alive._trial_id)
+    study_id = storage.get_study_id_from_name("s")
+    assert compat.stale_heartbeat_trial_ids(storage, study_id) == {silent._trial_id}, \
+        "compat.stale_heartbeat_trial_ids: Optuna's RDBStorage._get_stale_trial_ids changed"
+    assert storage.get_trial(silent._trial_id).state == optuna.trial.TrialState.RUNNING  # found, not failed
