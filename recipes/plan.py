@@ -114,9 +114,10 @@ from pathlib import Path
 
 from callbacks.analysis.batch_size import StepTimeModel, fit_step_time, plan_batches, s_min_from_reference
 from callbacks.analysis.comm_model import gbps_to_bytes_per_s, ring_allreduce_time
+from callbacks.analysis.keys import B_NOISE_KEY, SERIAL_KEY, STEP_KEY
 from callbacks.analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from recipes.planning.batch_report import print_plan, print_validation
-from recipes.planning.batch_runs import B_NOISE_KEY, BATCH_PARAM, STEP_MEAN_KEY, read_run, store_client
+from recipes.planning.batch_runs import BATCH_PARAM, read_run, store_client
 from recipes.planning.batch_train import sweep_step_times, validate
 from recipes.planning.model import DEFAULT_DEVICES, PlanInputs, PlanResult, PlanRow, law_speedup, plan
 from recipes.planning.plot import write_batch_plot, write_plot
@@ -131,7 +132,6 @@ from recipes.planning.runs import (
     tracking_client,
 )
 from recipes.run.common import (
-    SERIAL_KEY,
     ArgumentParser,
     UsageError,
     check_output_file,
@@ -518,7 +518,7 @@ def _batch_main(args: argparse.Namespace) -> int:
         for rid in [r.strip() for r in args.step_time_runs.split(",") if r.strip()]:
             ref = read_run(client, rid, uri, None)
             if not ref.step_s or not ref.per_device_batch:
-                raise UsageError(f"--step-time-runs: run {rid} has no {STEP_MEAN_KEY} or no {BATCH_PARAM} param.")
+                raise UsageError(f"--step-time-runs: run {rid} has no {STEP_KEY} or no {BATCH_PARAM} param.")
             sb.append(ref.per_device_batch)
             stimes.append(ref.step_s)
     else:

@@ -93,6 +93,14 @@ def predicted_speedup_key(devices: int) -> str:
     return f"{AMDAHL_PREFIX}predicted_speedup_{devices}"
 
 
+# ----------------------------------------------------------------- GradientNoiseScale (callbacks/noise_scale.py)
+#: Prefix of the gradient noise scale's figures.
+NOISE_SCALE_PREFIX = "noise_scale/"
+#: The simple noise scale B_simple in examples (what ``plan --batch`` reads).
+B_NOISE_KEY = f"{NOISE_SCALE_PREFIX}b_simple"
+#: The global batch per optimizer step the estimate saw.
+NOISE_BATCH_USED_KEY = f"{NOISE_SCALE_PREFIX}batch_used"
+
 # ---------------------------------------------------------------------------- CostTracker (callbacks/cost.py)
 #: Prefix of the bill's figures.
 COST_PREFIX = "cost/"

@@ -31,8 +31,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from callbacks.analysis.keys import DATA_WAIT_KEY, STEP_KEY, THROUGHPUT_KEY
 from recipes.bench.output import emit
-from recipes.run.common import UsageError
+from recipes.run.common import UsageError, find_run
 
 REPO = Path(__file__).resolve().parents[2]
 #: The ways one round trains, in the order it trains them (at each worker count).
@@ -64,12 +65,15 @@ def _launch(root: Path, env: dict[str, str], *args: str) -> subprocess.Completed
 
 
 def _metrics(tracking_uri: str, experiment: str, run_name: str) -> dict[str, float]:
+    """The metrics of the newest run named ``run_name`` (the name quoted, the search ordered: :func:`find_run`)."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.runName = '{run_name}'")
-    return dict(runs[0].data.metrics)
+    run = None if exp is None else find_run(client, [exp.experiment_id], run_name)
+    if run is None:
+        raise RuntimeError(f"no MLflow run named {run_name!r} in experiment {experiment!r} at {tracking_uri}")
+    return dict(run.data.metrics)
 
 
 def bench_stream(args: argparse.Namespace, console: Console) -> dict[str, Any]:
@@ -103,10 +107,10 @@ def bench_stream(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                 "--data.num_workers", str(count), "--trainer.enable_progress_bar", "false",
                                 "--log_model", "false", "--run_name", name)
                         metrics = _metrics(tracking, "digits" if source == "memory" else "digits-stream", name)
-                        step = metrics["time/mean/step_s"]
+                        step = metrics[STEP_KEY]
                         rows.append({"round": round_index, "source": source, "workers": count,
-                                     "samples_per_s": metrics["time/mean/samples_per_s"],
-                                     "data_wait_share": metrics["time/mean/data_s"] / step,
+                                     "samples_per_s": metrics[THROUGHPUT_KEY],
+                                     "data_wait_share": metrics[DATA_WAIT_KEY] / step,
                                      "step_s": step,
                                      "cache_bytes": disk_use(cache) if source == "stream" else None})
         finally:

@@ -13,24 +13,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recipes.run.common import STEP_KEY, UsageError, tracking_uri
+from callbacks.analysis.keys import B_NOISE_KEY, NOISE_BATCH_USED_KEY, STEP_KEY
+from recipes.run.common import UsageError, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 __all__ = [
     "BATCH_PARAM",
-    "B_NOISE_KEY",
-    "STEP_MEAN_KEY",
     "Reference",
     "measured_steps_to",
     "read_run",
     "store_client",
 ]
 
-B_NOISE_KEY = "noise_scale/b_simple"
-BATCH_USED_KEY = "noise_scale/batch_used"
-STEP_MEAN_KEY = STEP_KEY
 BATCH_PARAM = "data.init_args.batch_size"
 ACCUMULATE_PARAM = "trainer.accumulate_grad_batches"
 
@@ -59,8 +55,8 @@ def _run(client: MlflowClient, run_id: str, uri: str) -> Any:
 
 def _global_batch(run: Any) -> int | None:
     """The run's global batch: GradientNoiseScale's ``batch_used``, else batch_size x accumulation (one process)."""
-    if BATCH_USED_KEY in run.data.metrics and run.data.metrics[BATCH_USED_KEY] > 0:
-        return int(run.data.metrics[BATCH_USED_KEY])
+    if NOISE_BATCH_USED_KEY in run.data.metrics and run.data.metrics[NOISE_BATCH_USED_KEY] > 0:
+        return int(run.data.metrics[NOISE_BATCH_USED_KEY])
     params = run.data.params
     try:
         return int(params[BATCH_PARAM]) * int(params.get(ACCUMULATE_PARAM, "1") or 1)
@@ -101,5 +97,5 @@ def read_run(client: MlflowClient, run_id: str, uri: str, target: tuple[str, flo
     except (KeyError, ValueError):
         per_device = None
     return Reference(run_id=run_id, b_noise=metrics.get(B_NOISE_KEY), batch=_global_batch(run),
-                     steps=measured_steps_to(client, run_id, target), step_s=metrics.get(STEP_MEAN_KEY),
+                     steps=measured_steps_to(client, run_id, target), step_s=metrics.get(STEP_KEY),
                      per_device_batch=per_device)

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from callbacks.analysis.batch_size import fit_step_time, s_min_from_reference, steps_to_target
-from recipes.planning.batch_runs import B_NOISE_KEY, STEP_MEAN_KEY, Reference, measured_steps_to, read_run
-from recipes.run.common import UsageError, tracking_uri
+from callbacks.analysis.keys import B_NOISE_KEY, STEP_KEY
+from recipes.planning.batch_runs import Reference, measured_steps_to, read_run
+from recipes.run.common import UsageError, all_runs, find_run, quoted, tracking_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -59,12 +60,12 @@ def _fit(config: str, run_name: str, experiment: str, args: list[str], log: Path
 
 
 def _run_id(client: MlflowClient, experiment: str, run_name: str) -> str:
+    """The id of the newest run named ``run_name``: the one just trained."""
     exp = client.get_experiment_by_name(experiment)
-    runs = [] if exp is None else client.search_runs(
-        [exp.experiment_id], filter_string=f"attributes.run_name = '{run_name}'")
-    if not runs:
+    run = None if exp is None else find_run(client, [exp.experiment_id], run_name)
+    if run is None:
         raise RuntimeError(f"training run {run_name} left no MLflow run in experiment {experiment!r}.")
-    return runs[0].info.run_id
+    return run.info.run_id
 
 
 def sweep_step_times(config: str, batches: Sequence[int], steps: int, stamp: str, log_dir: Path,
@@ -80,7 +81,7 @@ def sweep_step_times(config: str, batches: Sequence[int], steps: int, stamp: str
                                         "--trainer.limit_val_batches=0", *extra], log_dir / f"{name}.log")
         ref = read_run(client, _run_id(client, experiment, name), uri, None)
         if not ref.step_s:
-            raise RuntimeError(f"sweep run {name} logged no {STEP_MEAN_KEY}: run more --sweep-steps.")
+            raise RuntimeError(f"sweep run {name} logged no {STEP_KEY}: run more --sweep-steps.")
         times.append(ref.step_s)
         ids.append(ref.run_id)
     return list(batches), times, ids
@@ -139,14 +140,17 @@ def _train_or_reuse(client: MlflowClient, uri: str, config: str, experiment: str
                     log_dir: Path, target: tuple[str, float] | None) -> Reference:
     """Train run ``name`` unless a FINISHED run of that name exists in ``experiment`` (``--stamp`` reuses runs)."""
     exp = client.get_experiment_by_name(experiment)
-    done = [] if exp is None else client.search_runs(
-        [exp.experiment_id], filter_string=f"attributes.run_name = '{name}' and attributes.status = 'FINISHED'")
-    if done:
-        print(f"{name}: reusing run {done[0].info.run_id}", flush=True)
+    done = [] if exp is None else all_runs(
+        client, [exp.experiment_id], f"attributes.run_name = {quoted(name)} and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"])
+    if done:  # the newest finished one, not a newer failed attempt of the same name
+        run_id = done[0].info.run_id
+        print(f"{name}: reusing run {run_id}", flush=True)
     else:
         print(f"{name}: training ...", flush=True)
         _fit(config, name, experiment, args, log_dir / f"{name}.log")
-    return read_run(client, _run_id(client, experiment, name), uri, target)
+        run_id = _run_id(client, experiment, name)
+    return read_run(client, run_id, uri, target)
 
 
 def validate(config: str, batches: Sequence[int], ref_batch: int, targets: Sequence[tuple[str, float]], *,
@@ -169,7 +173,7 @@ def validate(config: str, batches: Sequence[int], ref_batch: int, targets: Seque
                              [f"--data.init_args.batch_size={b}", f"--trainer.max_steps={sweep_steps}",
                               "--trainer.limit_val_batches=0"], log_dir, None) for b in batches]
     if not all(r.step_s for r in sweep):
-        raise RuntimeError(f"a sweep run logged no {STEP_MEAN_KEY}: run more --sweep-steps.")
+        raise RuntimeError(f"a sweep run logged no {STEP_KEY}: run more --sweep-steps.")
     model = fit_step_time(list(batches), [r.step_s for r in sweep])
     stop = targets[-1]
     noise = _train_or_reuse(client, uri, config, experiment, f"noise-b{ref_batch}-{stamp}",

@@ -99,3 +99,33 @@ def test_planner_imports_no_torch():
             "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+
+def test_a_reused_run_is_the_newest_finished_one_and_a_trained_run_the_newest(tracked, monkeypatch, tmp_path):
+    """``--stamp`` reuses a FINISHED run, not a newer failed attempt of the same name (a quote in it too); a run
+    trained now is read, not an older attempt of its name."""
+    import mlflow
+
+    from callbacks.analysis.keys import STEP_KEY
+    from recipes.planning import batch_train
+
+    uri = f"sqlite:///{tracked / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("digits-batch")
+
+    def record(name: str, status: str, step_s: float, start_ms: int) -> None:
+        run = client.create_run(exp, start_time=start_ms, run_name=name).info.run_id
+        client.log_metric(run, STEP_KEY, step_s)
+        client.set_terminated(run, status)
+
+    record("sweep-b8-it's", "FINISHED", 0.5, 1_000)
+    record("sweep-b8-it's", "FAILED", 9.0, 2_000)
+    record("sweep-b16", "FAILED", 9.0, 1_000)
+    trained = []
+    monkeypatch.setattr(batch_train, "_fit", lambda config, name, *rest: (trained.append(name),
+                                                                           record(name, "FINISHED", 0.25, 3_000)))
+    ref = batch_train._train_or_reuse(client, uri, "cfg.yaml", "digits-batch", "sweep-b8-it's", [], tmp_path, None)
+    assert (ref.step_s, trained) == (0.5, [])
+    ref = batch_train._train_or_reuse(client, uri, "cfg.yaml", "digits-batch", "sweep-b16", [], tmp_path, None)
+    assert (ref.step_s, trained) == (0.25, ["sweep-b16"])

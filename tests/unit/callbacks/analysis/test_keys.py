@@ -38,7 +38,6 @@ PENDING: dict[str, set[str]] = {
     "recipes/api.py": {"baseline/", "cost/usd", "spot/", "test/", "train/loss", "val/"},
     "recipes/bench/compression.py": {"comm/mean/bytes_per_step", "comm/mean/measured_s", "time/mean/step_s",
                                      "val/acc", "val/loss"},
-    "recipes/bench/stream.py": {"time/mean/data_s", "time/mean/samples_per_s", "time/mean/step_s"},
     "recipes/reproduce.py": {"amdahl/*", "comm/*", "cost/*", "goodput/*", "spot/*", "time/*", "train/device/*"},
     "recipes/run/cell.py": {"train/loss", "val/acc", "val/expected_cost", "val/loss"},
     "recipes/run/cli.py": {"val/acc"},
@@ -126,7 +125,8 @@ STORED = {
     "SCALE_SPEEDUP_KEY": "scale/speedup", "SCALE_EFFICIENCY_KEY": "scale/efficiency",
     "SCALE_AMDAHL_R2_KEY": "scale/amdahl_r2", "SCALE_GUSTAFSON_KEY": "scale/gustafson_serial_fraction",
     "SCALE_USL_PEAK_KEY": "scale/usl_peak_n", "MODE_TAG": "atscale.mode", "PRUNED_AT_TAG": "pruned_at_epoch",
-    "RUN_DIR_TAG": "atscale.run_dir", "ELASTIC_TAG": "atscale.elastic",
+    "RUN_DIR_TAG": "atscale.run_dir", "ELASTIC_TAG": "atscale.elastic", "NOISE_SCALE_PREFIX": "noise_scale/",
+    "B_NOISE_KEY": "noise_scale/b_simple", "NOISE_BATCH_USED_KEY": "noise_scale/batch_used",
 }
 
 
