@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from callbacks.analysis import keys
+
 __all__ = ["Run", "TrainError", "train"]
 
 #: Signals a launch takes over in its process; put back afterwards (the kernel's own SIGINT handler included).
@@ -53,7 +55,8 @@ _PROCESS_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(sign
 #: Exit codes of ``recipes.fit`` (see its docstring): done, bad input, interrupted after a checkpoint.
 _DONE, _USAGE, _REQUEUE, _SIGINT = 0, 2, 75, 130
 #: Metric prefixes the table of a run shows (``Run.metrics`` holds every metric).
-_TABLE_PREFIXES = ("val/", "train/loss", "baseline/", "test/", "spot/", "cost/usd")
+_TABLE_PREFIXES = (keys.VAL_PREFIX, keys.TRAIN_LOSS_KEY, keys.BASELINE_PREFIX, keys.TEST_PREFIX, keys.SPOT_PREFIX,
+                   keys.COST_KEY)
 #: Terminal control sequences (colours, cursor): rich writes them when the kernel's environment asks for colour.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -51,10 +51,10 @@ import yaml
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 
+from callbacks.analysis import keys
 from recipes.run.common import (
     ENV_FROM_PARENT,
     ENV_RUN_TAGS,
-    REPRODUCES_TAG,
     USAGE_EXIT_CODE,
     ArgumentParser,
     UsageError,
@@ -67,11 +67,13 @@ from recipes.run.common import (
 __all__ = ["DEFAULT_IGNORE", "TRUSTED_IMPORTS", "MetricDiff", "check_record", "compare_metrics", "fetch_record",
            "main", "manifest_differences", "parse_record", "rerun_config", "untrusted_names"]
 
-#: Metric name patterns (fnmatch) that depend on timing or the machine, not on the training's numbers.
-DEFAULT_IGNORE = ("system/*", "time/*", "comm/*", "amdahl/*", "cost/*", "goodput/*", "throughput/*", "*per_sec*",
-                  "*/time", "*mfu*", "*_s", "validate/*", "train/device/*",
-                  "spot/*")  # interruptions the machine had; a resumed run ends bitwise equal without them
-TAG = REPRODUCES_TAG
+#: Metric name patterns (fnmatch) that depend on timing or the machine, not on the training's numbers. ``spot/*``:
+#: the interruptions the machine had (a resumed run ends bitwise equal without them).
+DEFAULT_IGNORE = ("system/*", *(f"{prefix}*" for prefix in (keys.TIME_PREFIX, keys.COMM_PREFIX, keys.AMDAHL_PREFIX,
+                                                           keys.COST_PREFIX, keys.GOODPUT_PREFIX)),
+                  "throughput/*", "*per_sec*", "*/time", "*mfu*", "*_s", "validate/*", f"{keys.TRAIN_DEVICE_PREFIX}*",
+                  f"{keys.SPOT_PREFIX}*")
+TAG = keys.REPRODUCES_TAG
 
 #: Where a class or callable named by a run's record may come from: the project's packages and the library
 #: types that the fit parser's signatures take (optimizers, schedulers, Lightning callbacks, strategies,

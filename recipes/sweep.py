@@ -46,6 +46,7 @@ import re
 import sys
 from pathlib import Path
 
+from callbacks.analysis.keys import DEFAULT_METRIC
 from recipes.run.common import ArgumentParser, UsageError, check_tracking_server, run_main, tracking_uri
 
 PROG = "python -m recipes.sweep"
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--storage", default=None,
                         help="Optuna storage URL (default sqlite:///<runs_root>/<experiment>/<name>/study.db); "
                              "postgresql://... to share the study between machines")
-    parser.add_argument("--metric", default="val/acc", help="validation metric to optimize")
+    parser.add_argument("--metric", default=DEFAULT_METRIC, help="validation metric to optimize")
     parser.add_argument("--mode", choices=("max", "min"), default="max", help="maximize or minimize --metric")
     parser.add_argument("--sampler", choices=("tpe", "random"), default="tpe", help="Optuna sampler")
     parser.add_argument("--seed", type=int, default=42, help="sampler seed (each trial draws from seed and number)")

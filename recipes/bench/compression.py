@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from callbacks.analysis import keys
 from recipes.bench.output import emit
 from recipes.run.common import ENV_FROM_PARENT, UsageError, find_run
 
@@ -34,8 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 METHODS = {"dense": "ddp.yaml", "fp16": "ddp-fp16-compress.yaml", "powersgd": "ddp-powersgd.yaml",
            "topk": "ddp-topk.yaml"}
 EXPERIMENT = "bench-compression"
-_KEYS = {"bytes_per_step": "comm/mean/bytes_per_step", "step_s": "time/mean/step_s", "comm_s": "comm/mean/measured_s",
-         "val_acc": "val/acc", "val_loss": "val/loss"}
+_KEYS = {"bytes_per_step": keys.COMM_BYTES_KEY, "step_s": keys.STEP_KEY, "comm_s": keys.COMM_MEASURED_KEY,
+         "val_acc": keys.VAL_ACC_KEY, "val_loss": keys.VAL_LOSS_KEY}
 
 
 def _run(method: str, round_: int, workdir: Path, epochs: int, timeout: float) -> dict[str, float]:
@@ -87,7 +88,7 @@ def print_table(figures: dict[str, Any]) -> None:
 
     table = Table(title=f"Gradient compression, digits on 2 processes, {figures['epochs']} epochs "
                         f"(medians of {figures['rounds']} round(s))")
-    for column in ("method", "bytes/step", "vs dense", "step", "comm in flight", "val/acc", "val/loss"):
+    for column in ("method", "bytes/step", "vs dense", "step", "comm in flight", keys.VAL_ACC_KEY, keys.VAL_LOSS_KEY):
         table.add_column(column, justify="left" if column == "method" else "right")
     for method, row in figures["methods"].items():
         nan = float("nan")

@@ -16,8 +16,10 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ProgressBar
 from typing_extensions import override
 
+from callbacks.analysis import keys
+
 #: The metrics a line shows when the run logged them, in this order.
-SHOWN = ("train/loss", "val/loss", "val/acc", "val/expected_cost")
+SHOWN = (keys.TRAIN_LOSS_KEY, keys.VAL_LOSS_KEY, keys.VAL_ACC_KEY, keys.VAL_COST_KEY)
 
 
 class EpochLines(ProgressBar):

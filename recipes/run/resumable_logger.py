@@ -31,6 +31,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from mlflow.entities import Metric
 from typing_extensions import override
 
+from callbacks.analysis.keys import SPOT_PREFIX
 from recipes.run.compat import async_write_state
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 _NOT_OURS = ("system/",)
 #: Keys of events that befell a launch (a notice, a resume and what it redid): each is logged, even at a step
 #: the store holds already, since two launches interrupted at one step are two interruptions.
-EVENT_KEYS = ("spot/",)
+EVENT_KEYS = (SPOT_PREFIX,)
 
 
 class ResumableMLFlowLogger(MLFlowLogger):

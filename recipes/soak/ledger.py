@@ -30,13 +30,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from callbacks.analysis import keys
+from callbacks.analysis.goodput import CATEGORIES
 from recipes.soak.faults import Fault
 from recipes.soak.launch import Launch
 
 __all__ = ["LEDGER_ARGS", "check_ledger"]
 
-CATEGORIES = ("productive", "startup", "redone", "checkpoint", "validation", "data_wait", "comm_exposed", "tail",
-              "restart")
 #: What every soak launch adds to its command: bill from spawn, at a price that makes seconds into dollars.
 PRICE_ARGS = ("--cost.price_on_demand", "3.6")
 LEDGER_ARGS = ("--cost.bill_from", "spawn", *PRICE_ARGS)
@@ -70,15 +70,15 @@ def check_ledger(final: dict[str, float], launches: Sequence[Launch], faults: Se
         launches: the run's launches, in order.
         faults: the run's faults.
     """
-    if "goodput/share" not in final or "cost/billed_s" not in final:
-        return {"ledger": None}, ["the run logged no goodput ledger (goodput/share, cost/billed_s)"]
+    if keys.GOODPUT_SHARE_KEY not in final or keys.BILLED_KEY not in final:
+        return {"ledger": None}, [f"the run logged no goodput ledger ({keys.GOODPUT_SHARE_KEY}, {keys.BILLED_KEY})"]
     problems = []
-    seconds = {c: final.get(f"goodput/{c}_s", 0.0) for c in CATEGORIES}
-    billed = final["cost/billed_s"]
+    seconds = {c: final.get(keys.goodput_seconds_key(c), 0.0) for c in CATEGORIES}
+    billed = final[keys.BILLED_KEY]
     total = sum(seconds.values())
     if abs(total - billed) > SUM_TOLERANCE * billed:
         problems.append(f"the categories sum to {total:.3f} s, not the {billed:.3f} s billed")
-    lost_ledger = int(final.get("cost/lost_steps", 0))
+    lost_ledger = int(final.get(keys.LOST_STEPS_KEY, 0))
     counted = [f for f in faults if f.lost_steps is not None]
     lost_soak = sum(f.lost_steps or 0 for f in counted)
     slack = LOST_STEPS_PER_FAULT * len(counted)
@@ -90,8 +90,8 @@ def check_ledger(final: dict[str, float], launches: Sequence[Launch], faults: Se
         problems.append(f"the ledger counts {lost_ledger} lost steps, outside the faults' {shown} "
                         f"({lost_soak} in the loss history; allowed: {LOST_STEPS_PER_FAULT} a fault, and the steps a "
                         f"SIGKILLed launch ran past its history)")
-    step_usd = final.get("cost/lost_work_usd", 0.0) / lost_ledger if lost_ledger else 0.0
-    redone_usd = final.get("goodput/redone_usd", 0.0)
+    step_usd = final.get(keys.LOST_WORK_KEY, 0.0) / lost_ledger if lost_ledger else 0.0
+    redone_usd = final.get(keys.goodput_usd_key("redone"), 0.0)
     tiny = 1e-12
     if lost_ledger and (redone_usd < lost_low * step_usd - tiny
                         or (lost_high is not None and redone_usd > lost_high * step_usd + tiny)):
@@ -104,8 +104,8 @@ def check_ledger(final: dict[str, float], launches: Sequence[Launch], faults: Se
     if not low <= seconds["startup"] <= high:
         problems.append(f"start-up {seconds['startup']:.2f} s outside {low:.2f} .. {high:.2f} s for the "
                         f"{len(books)} launch(es) on the books ({startup_soak:.2f} s measured)")
-    record = {"ledger": {"seconds": seconds, "usd": {c: final.get(f"goodput/{c}_usd", 0.0) for c in CATEGORIES},
-                         "share": final["goodput/share"], "billed_s": billed},
+    record = {"ledger": {"seconds": seconds, "usd": {c: final.get(keys.goodput_usd_key(c), 0.0) for c in CATEGORIES},
+                         "share": final[keys.GOODPUT_SHARE_KEY], "billed_s": billed},
               "lost_steps": {"ledger": lost_ledger, "faults": lost_soak, "bounds": [lost_low, lost_high]},
               "startup_s": {"ledger": seconds["startup"], "launches_on_the_books": startup_soak,
                             "launches": len(books), "unmeasured_wall_s": unmeasured, "bounds": [low, high]}}

@@ -35,16 +35,7 @@ PENDING: dict[str, set[str]] = {
     "recipes/run/context.py": {"atscale.data", "atscale.devices", "atscale.git_sha", "atscale.market", "atscale.model",
                                "atscale.precision", "atscale.recipe", "atscale.strategy"},
     # readers
-    "recipes/api.py": {"baseline/", "cost/usd", "spot/", "test/", "train/loss", "val/"},
-    "recipes/bench/compression.py": {"comm/mean/bytes_per_step", "comm/mean/measured_s", "time/mean/step_s",
-                                     "val/acc", "val/loss"},
-    "recipes/reproduce.py": {"amdahl/*", "comm/*", "cost/*", "goodput/*", "spot/*", "time/*", "train/device/*"},
-    "recipes/run/cell.py": {"train/loss", "val/acc", "val/expected_cost", "val/loss"},
     "recipes/run/cli.py": {"val/acc"},
-    "recipes/run/resumable_logger.py": {"spot/"},
-    "recipes/soak/ledger.py": {"cost/billed_s", "cost/lost_steps", "cost/lost_work_usd", "goodput/",
-                               "goodput/redone_usd", "goodput/share"},
-    "recipes/sweep.py": {"val/acc"},
 }
 #: Strings that look like keys and are none.
 NOT_KEYS: dict[str, set[str]] = {
