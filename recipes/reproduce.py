@@ -298,8 +298,8 @@ def manifest_differences(original: dict[str, Any], here: dict[str, Any]) -> list
     return lines
 
 
-#: The metric a run logs its CPU thread count under (callbacks.cpu_threads.THREADS_METRIC; no torch import here).
-THREADS_METRIC = "cpu/threads"
+#: The metric a run logs its CPU thread count under (callbacks.cpu_threads logs it).
+THREADS_METRIC = keys.CPU_THREADS_KEY
 
 
 def original_thread_env(run: Run, env: dict[str, str]) -> dict[str, str]:

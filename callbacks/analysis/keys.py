@@ -140,6 +140,10 @@ def goodput_usd_key(category: str) -> str:
     return f"{GOODPUT_PREFIX}{category}_usd"
 
 
+# -------------------------------------------- FixedCpuThreads, AdaptiveCpuThreads (callbacks/cpu_threads.py)
+#: The intra-op thread count each process trains with.
+CPU_THREADS_KEY = "cpu/threads"
+
 # -------------------------------------------------------- Baselines, LMBaselines (callbacks/{,lm_}baselines.py)
 #: Prefix of the baselines' figures.
 BASELINE_PREFIX = "baseline/"
@@ -206,6 +210,29 @@ def scale_predicted_speedup_key(devices: int) -> str:
     return f"{SCALE_PREFIX}predicted_speedup_{devices}"
 
 
+# ---------------------------------------------------------- recipes.sweep's parent run (recipes/sweeps/runner.py)
+#: Prefix of the sweep's figures, logged on its parent run at the end.
+SWEEP_PREFIX = "sweep/"
+#: Dollars the trials cost.
+SWEEP_SPENT_KEY = f"{SWEEP_PREFIX}spent_usd"
+#: Dollars pruning saved (the pruned trials' projected rest).
+SWEEP_SAVED_BY_PRUNING_KEY = f"{SWEEP_PREFIX}saved_by_pruning_usd"
+#: The ``--budget-usd`` given (absent without one).
+SWEEP_BUDGET_KEY = f"{SWEEP_PREFIX}budget_usd"
+#: The best trial's value of the sweep's metric.
+SWEEP_BEST_VALUE_KEY = f"{SWEEP_PREFIX}best_value"
+
+
+def sweep_trials_key(state: str) -> str:
+    """How many trials ended in ``state`` (optuna's TrialState, lower case: ``complete``, ``pruned``, ...)."""
+    return f"{SWEEP_PREFIX}trials_{state}"
+
+
+def sweep_importance_key(param: str) -> str:
+    """A hyperparameter's importance to the sweep's metric (optuna's fANOVA)."""
+    return f"{SWEEP_PREFIX}importance/{param}"
+
+
 # ------------------------------------------------------------------------------------------------------ tags
 #: MLflow's own tag of a nested run: its parent run's id (a sweep's trials, a scale sweep's runs).
 PARENT_RUN_TAG = "mlflow.parentRunId"
@@ -220,6 +247,14 @@ SWEEP_NAME_TAG = "atscale.sweep"
 TRIAL_SWEEP_TAG = "sweep"
 #: A sweep trial's number.
 TRIAL_TAG = "trial"
+#: A sweep trial's end state, as optuna names it (``COMPLETE``, ``PRUNED``, ``FAIL``).
+TRIAL_STATE_TAG = "sweep.state"
+#: Why a sweep parent stopped: ``finished``, ``stopped`` or ``budget``.
+SWEEP_STOPPED_BY_TAG = "sweep.stopped_by"
+#: A sweep parent's best trial number.
+SWEEP_BEST_TRIAL_TAG = "sweep.best_trial"
+#: A sweep parent's best trial's run id.
+SWEEP_BEST_RUN_TAG = "sweep.best_run_id"
 #: ``"true"`` on a trial the sweep pruned (absent otherwise).
 PRUNED_TAG = "pruned"
 #: The epoch after which the sweep pruned the trial.

@@ -41,7 +41,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import FrozenTrial, TrialState
 from rich.console import Console
 
-from callbacks.analysis.keys import KIND_TAG, SWEEP_NAME_TAG, TRIAL_SWEEP_TAG, TRIAL_TAG
+from callbacks.analysis import keys
 from recipes.run.common import ENV_FROM_PARENT, ENV_PARENT_RUN_ID, ENV_RUN_TAGS, SIGINT_EXIT_CODE
 from recipes.run.tracking import redact
 
@@ -169,7 +169,7 @@ class Sweep:
                 self.client.update_run(run_id, status="RUNNING")
                 return str(run_id)
             run = self.client.create_run(self.experiment_id, run_name=self.args.name,
-                                         tags={KIND_TAG: "sweep", SWEEP_NAME_TAG: self.args.name})
+                                         tags={keys.KIND_TAG: "sweep", keys.SWEEP_NAME_TAG: self.args.name})
             run_id = run.info.run_id
             params = {"space": json.dumps({k: str(v) for k, v in self.space.items()}), "trials": self.args.trials,
                       "metric": self.args.metric, "mode": self.args.mode, "sampler": self.args.sampler,
@@ -203,7 +203,7 @@ class Sweep:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_slots[slot]
         env.setdefault("MLFLOW_TRACKING_URI", self.args.tracking_uri)
         env.update({ENV_PARENT_RUN_ID: self.parent_run_id, ENV_SWEEP_STORAGE: self.args.storage,
-                    ENV_RUN_TAGS: json.dumps({TRIAL_SWEEP_TAG: self.args.name, TRIAL_TAG: str(number)}),
+                    ENV_RUN_TAGS: json.dumps({keys.TRIAL_SWEEP_TAG: self.args.name, keys.TRIAL_TAG: str(number)}),
                     "PYTHONUNBUFFERED": "1"})
         return env
 
@@ -256,7 +256,7 @@ class Sweep:
         run_id = frozen.user_attrs.get(RUN_ID_ATTR)
         if run_id:
             with contextlib.suppress(Exception):
-                self.client.set_tag(run_id, "sweep.state", state)
+                self.client.set_tag(run_id, keys.TRIAL_STATE_TAG, state)
         value = self.storage.get_trial(child.trial_id).value
         shown = f": {self.args.metric} {value:.4f}" if value is not None else ""
         self.console.print(f"trial {number} {state.lower()}{shown}", highlight=False)
@@ -388,19 +388,19 @@ class Sweep:
                     ranked: dict[str, float], stopped_by: str) -> None:
         run_id, now = self.parent_run_id, int(time.time() * 1000)
         counts = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
-        metrics = {"sweep/spent_usd": cash.spent_usd, "sweep/saved_by_pruning_usd": cash.saved_by_pruning_usd,
-                   **{f"sweep/trials_{k}": float(v) for k, v in counts.items()}}
+        metrics = {keys.SWEEP_SPENT_KEY: cash.spent_usd, keys.SWEEP_SAVED_BY_PRUNING_KEY: cash.saved_by_pruning_usd,
+                   **{keys.sweep_trials_key(k): float(v) for k, v in counts.items()}}
         if self.args.budget_usd is not None:
-            metrics["sweep/budget_usd"] = self.args.budget_usd
+            metrics[keys.SWEEP_BUDGET_KEY] = self.args.budget_usd
         if best is not None and best.value is not None:
-            metrics["sweep/best_value"] = best.value
-        metrics.update({f"sweep/importance/{k}": v for k, v in ranked.items()})
+            metrics[keys.SWEEP_BEST_VALUE_KEY] = best.value
+        metrics.update({keys.sweep_importance_key(k): v for k, v in ranked.items()})
         self.client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, float(v), now, 0) for k, v in metrics.items()])
-        tags = {"sweep.stopped_by": "budget" if self.budget_stopped else stopped_by}
+        tags = {keys.SWEEP_STOPPED_BY_TAG: "budget" if self.budget_stopped else stopped_by}
         if best is not None:
-            tags["sweep.best_trial"] = str(best.number)
+            tags[keys.SWEEP_BEST_TRIAL_TAG] = str(best.number)
             if best_run is not None:
-                tags["sweep.best_run_id"] = best_run.info.run_id
+                tags[keys.SWEEP_BEST_RUN_TAG] = best_run.info.run_id
         for key, value in tags.items():
             self.client.set_tag(run_id, key, value)
         files = [report.write_csv(self.study, cash, self.out_dir / "trials.csv"),

@@ -404,3 +404,26 @@ def test_a_sqlite_study_whose_tables_another_program_is_creating_opens(
     url = f"sqlite:///{tmp_path / 'study.db'}"
     storage = study.open_storage(url)
     assert len(attempts) == 2 and storage.get_all_studies() == []
+
+
+def test_the_parent_run_gets_the_sweeps_figures_under_their_stored_names(tmp_path, monkeypatch):
+    """What ``_log_parent`` logs, key by key (the names the docs and stored sweeps hold)."""
+    from recipes.sweeps.runner import Sweep
+
+    logged: dict[str, object] = {}
+    client = SimpleNamespace(log_batch=lambda run_id, metrics: logged.update({m.key: m.value for m in metrics}),
+                             set_tag=lambda run_id, key, value: logged.update({key: value}),
+                             log_artifact=lambda run_id, path: None)
+    monkeypatch.setattr(report, "write_csv", lambda study, cash, path: path)
+    monkeypatch.setattr(report, "write_plots", lambda study, out_dir: [])
+    runner = SimpleNamespace(parent_run_id="p", client=client, args=SimpleNamespace(budget_usd=2.0),
+                             budget_stopped=True, study=None, out_dir=tmp_path)
+    trials = [SimpleNamespace(state=TrialState.COMPLETE), SimpleNamespace(state=TrialState.PRUNED)]
+    best = SimpleNamespace(number=0, value=0.9)
+    Sweep._log_parent(runner, trials, report.Money(spent_usd=1.5, saved_by_pruning_usd=0.25), best,
+                       SimpleNamespace(info=SimpleNamespace(run_id="r0")), {"lr": 0.7}, "stopped")
+    states = {f"sweep/trials_{s.name.lower()}": float(s in (TrialState.COMPLETE, TrialState.PRUNED))
+              for s in TrialState}
+    assert logged == {"sweep/spent_usd": 1.5, "sweep/saved_by_pruning_usd": 0.25, **states, "sweep/budget_usd": 2.0,
+                      "sweep/best_value": 0.9, "sweep/importance/lr": 0.7, "sweep.stopped_by": "budget",
+                      "sweep.best_trial": "0", "sweep.best_run_id": "r0"}

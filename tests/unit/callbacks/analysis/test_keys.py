@@ -25,7 +25,7 @@ from tests.conftest import RecordingLogger
 
 REPO = Path(__file__).resolve().parents[4]
 #: What a metric or tag name looks like: a group of ours and a slash, or our tag namespace.
-KEY = re.compile(r"^(time|cost|goodput|train|val|test|baseline|amdahl|comm|spot|scale)/|^atscale\.")
+KEY = re.compile(r"^(time|cost|goodput|train|val|test|baseline|amdahl|comm|spot|scale|sweep)/|^atscale\.")
 
 #: Literals not migrated yet, by file: each is a change its owner makes (import the name from keys.py), then
 #: removes here. A literal not listed fails the test, in any file; so does a listed one that is gone.
@@ -118,6 +118,11 @@ STORED = {
     "SCALE_USL_PEAK_KEY": "scale/usl_peak_n", "MODE_TAG": "atscale.mode", "PRUNED_AT_TAG": "pruned_at_epoch",
     "RUN_DIR_TAG": "atscale.run_dir", "ELASTIC_TAG": "atscale.elastic", "NOISE_SCALE_PREFIX": "noise_scale/",
     "B_NOISE_KEY": "noise_scale/b_simple", "NOISE_BATCH_USED_KEY": "noise_scale/batch_used",
+    "CPU_THREADS_KEY": "cpu/threads", "SWEEP_PREFIX": "sweep/", "SWEEP_SPENT_KEY": "sweep/spent_usd",
+    "SWEEP_SAVED_BY_PRUNING_KEY": "sweep/saved_by_pruning_usd", "SWEEP_BUDGET_KEY": "sweep/budget_usd",
+    "SWEEP_BEST_VALUE_KEY": "sweep/best_value", "TRIAL_STATE_TAG": "sweep.state",
+    "SWEEP_STOPPED_BY_TAG": "sweep.stopped_by", "SWEEP_BEST_TRIAL_TAG": "sweep.best_trial",
+    "SWEEP_BEST_RUN_TAG": "sweep.best_run_id",
 }
 
 
@@ -129,6 +134,8 @@ def test_the_names_keep_their_stored_values() -> None:
     assert keys.bpb_baseline_key("unigram") == "baseline/unigram_bpb"
     assert keys.predicted_speedup_key(8) == "amdahl/predicted_speedup_8"
     assert keys.scale_predicted_speedup_key(16) == "scale/predicted_speedup_16"
+    assert keys.sweep_trials_key("pruned") == "sweep/trials_pruned"
+    assert keys.sweep_importance_key("lr") == "sweep/importance/lr"
 
 
 class _Tiny(LightningModule):
