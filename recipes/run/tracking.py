@@ -341,11 +341,12 @@ def ensure_experiment(client: Any, name: str) -> str:
 
 def find_run(client: Any, experiment: str, location: str) -> str | None:
     """The id of the newest MLflow run of ``experiment`` tagged as living at ``location``, if any."""
+    from recipes.run.common import quoted  # common imports this module
+
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    quoted = location.replace("'", "\\'")
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{quoted}'",
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = {quoted(location)}",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0].info.run_id if runs else None
 

@@ -143,6 +143,8 @@ def test_find_run_by_location(tmp_path: Path) -> None:
                               start_time=10**13).info.run_id
     assert tracking.find_run(client, "e", "/runs/e/r") == newer
     assert tracking.find_run(client, "e", "it's/quoted") is None
+    quoted = client.create_run(exp, run_name="q", tags={tracking.RUN_DIR_TAG: "/home/o'brien/e/q"}).info.run_id
+    assert tracking.find_run(client, "e", "/home/o'brien/e/q") == quoted  # MLflow reads no \' in a filter
 
 
 def test_an_experiment_another_launch_creates_at_the_same_moment_is_taken_not_an_error(tmp_path: Path) -> None:
