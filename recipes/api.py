@@ -333,16 +333,12 @@ def _tracked(name: str, experiment: str, status: str) -> Run:
     import mlflow
 
     from recipes.run import tracking
+    from recipes.run.common import find_run
 
     uri = tracking.tracking_uri()
     client = mlflow.MlflowClient(uri)
-    found = None
     exp = client.get_experiment_by_name(experiment)
-    if exp is not None:
-        quoted = name.replace("'", "\\'")
-        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.runName` = '{quoted}'",
-                                  order_by=["attributes.start_time DESC"], max_results=1)
-        found = runs[0] if runs else None
+    found = None if exp is None else find_run(client, [exp.experiment_id], name)
     if found is None:
         return Run(name, experiment, None, Path("runs") / experiment / name, status, tracking_uri=uri)
     metrics = dict(found.data.metrics)

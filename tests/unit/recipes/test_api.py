@@ -68,3 +68,24 @@ def test_importing_recipes_and_train_imports_no_torch() -> None:
             "print(sorted(m for m in ('torch', 'lightning', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_record_is_the_newest_run_of_the_name_and_its_table_the_keys_the_cli_shows(tracked):
+    import mlflow
+
+    from callbacks.analysis import keys
+    from recipes import api
+    from recipes.run import tracking
+
+    client = mlflow.MlflowClient(tracking.tracking_uri())
+    exp = client.create_experiment("digits")
+    client.create_run(exp, run_name="r", start_time=1_000, tags={tracking.RUN_DIR_TAG: "/old"})
+    newest = client.create_run(exp, run_name="r", start_time=2_000, tags={tracking.RUN_DIR_TAG: "/runs/digits/r"})
+    for key, value in ((keys.VAL_ACC_KEY, 0.75), (keys.TRAIN_LOSS_KEY, 0.5), (keys.COST_KEY, 0.01),
+                       (keys.STEP_KEY, 0.2), (keys.TRAIN_ACC_KEY, 0.8)):
+        client.log_metric(newest.info.run_id, key, value)
+    run = api._tracked("r", "digits", "finished")
+    assert (run.run_id, run.run_dir) == (newest.info.run_id, Path("/runs/digits/r"))
+    assert run.rows[:3] == [("cost/usd", "0.0100"), ("train/loss", "0.5000"), ("val/acc", "0.7500")]
+    assert run.rows[3] == ("mlflow", f"experiment 'digits', run {newest.info.run_id}")
+    assert api._tracked("nobody", "digits", "finished").run_id is None
