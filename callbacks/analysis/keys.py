@@ -27,6 +27,12 @@ TRAIN_PREFIX = "train/"
 TEST_PREFIX = "test/"
 #: Prefix of the per-device training figures of TokenThroughput (callbacks/throughput.py).
 TRAIN_DEVICE_PREFIX = f"{TRAIN_PREFIX}device/"
+#: TokenThroughput's tokens per second, all devices (Lightning's ``items_per_sec``, renamed).
+TOKENS_PER_SEC_KEY = f"{TRAIN_PREFIX}tokens_per_sec"
+#: The same per device.
+DEVICE_TOKENS_PER_SEC_KEY = f"{TRAIN_DEVICE_PREFIX}tokens_per_sec"
+#: Model FLOPs utilisation per device (logged where the device's peak FLOP/s is known).
+MFU_KEY = f"{TRAIN_DEVICE_PREFIX}mfu"
 #: The training loss of each step.
 TRAIN_LOSS_KEY = f"{TRAIN_PREFIX}loss"
 #: A classifier's training accuracy.
@@ -263,6 +269,16 @@ PRUNED_AT_TAG = "pruned_at_epoch"
 BEST_LAW_TAG = "atscale.best_law"
 #: Set by ``recipes.reproduce`` on a rerun: the id of the run it reproduces.
 REPRODUCES_TAG = "reproduces"
+#: The search tags of every training run (recipes/run/context.py): its config files, LightningModule and
+#: datamodule classes, strategy, ``<devices> x <nodes>``, precision, market and the repository's commit.
+RECIPE_TAG = "atscale.recipe"
+MODEL_TAG = "atscale.model"
+DATA_TAG = "atscale.data"
+STRATEGY_TAG = "atscale.strategy"
+DEVICES_TAG = "atscale.devices"
+PRECISION_TAG = "atscale.precision"
+MARKET_TAG = "atscale.market"
+GIT_SHA_TAG = "atscale.git_sha"
 #: Where the run's files live (``recipes.run.tracking`` sets it; ``find_run`` reads it).
 RUN_DIR_TAG = "atscale.run_dir"
 #: A run resumed on another world size: ``"2->1@12"`` (saved ranks -> ranks, at step), ``; ``-joined.

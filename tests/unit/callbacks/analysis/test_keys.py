@@ -122,12 +122,17 @@ STORED = {
     "SWEEP_SAVED_BY_PRUNING_KEY": "sweep/saved_by_pruning_usd", "SWEEP_BUDGET_KEY": "sweep/budget_usd",
     "SWEEP_BEST_VALUE_KEY": "sweep/best_value", "TRIAL_STATE_TAG": "sweep.state",
     "SWEEP_STOPPED_BY_TAG": "sweep.stopped_by", "SWEEP_BEST_TRIAL_TAG": "sweep.best_trial",
-    "SWEEP_BEST_RUN_TAG": "sweep.best_run_id",
+    "SWEEP_BEST_RUN_TAG": "sweep.best_run_id", "TOKENS_PER_SEC_KEY": "train/tokens_per_sec",
+    "DEVICE_TOKENS_PER_SEC_KEY": "train/device/tokens_per_sec", "MFU_KEY": "train/device/mfu",
+    "RECIPE_TAG": "atscale.recipe", "MODEL_TAG": "atscale.model", "DATA_TAG": "atscale.data",
+    "STRATEGY_TAG": "atscale.strategy", "DEVICES_TAG": "atscale.devices", "PRECISION_TAG": "atscale.precision",
+    "MARKET_TAG": "atscale.market", "GIT_SHA_TAG": "atscale.git_sha", "PARENT_RUN_TAG": "mlflow.parentRunId",
 }
 
 
 def test_the_names_keep_their_stored_values() -> None:
     assert {name: getattr(keys, name) for name in STORED} == STORED
+    assert not [n for n in vars(keys) if n.isupper() and n not in STORED], "a new name: pin its value in STORED"
     assert keys.serial_key_at(2) == "amdahl/serial_fraction/world_2"
     assert keys.goodput_seconds_key("redone") == "goodput/redone_s"
     assert keys.goodput_usd_key("redone") == "goodput/redone_usd"
