@@ -340,13 +340,19 @@ def ensure_experiment(client: Any, name: str) -> str:
 
 
 def find_run(client: Any, experiment: str, location: str) -> str | None:
-    """The id of the newest MLflow run of ``experiment`` tagged as living at ``location``, if any."""
-    from recipes.run.common import quoted  # common imports this module
+    """The id of the newest MLflow run of ``experiment`` tagged as living at ``location``, if any.
 
+    Raises:
+        ValueError: ``location`` holds both quote characters, which no MLflow filter can say.
+    """
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = {quoted(location)}",
+    # common.quoted's rule (common imports this module): MLflow reads no escaped quote, so quote with the other kind
+    if "'" in location and '"' in location:
+        raise ValueError(f"{location!r}: a run directory with both ' and \" cannot be searched for in MLflow.")
+    quote = '"' if "'" in location else "'"
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = {quote}{location}{quote}",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0].info.run_id if runs else None
 
