@@ -7,6 +7,7 @@ soak judges a launch from what a user would see of it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -95,7 +96,7 @@ def unlogged_bound(steps: list[tuple[int, int]], end_s: float) -> int | None:
     """
     if len(steps) < 2:
         return None
-    paces = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(steps, steps[1:]) if s1 > s0]
+    paces = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in itertools.pairwise(steps) if s1 > s0]
     if not paces:
         return None
     gap_ms = max(end_s * 1000 - steps[-1][1], 0.0)

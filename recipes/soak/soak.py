@@ -40,8 +40,15 @@ from recipes.run.common import USAGE_EXIT_CODE
 from recipes.soak.bucket import Bucket
 from recipes.soak.disk import Disk
 from recipes.soak.faults import CORRUPTED, Fault, PlannedFault, RunState, Watch, corrupt
-from recipes.soak.launch import (EXIT_WATCH_LINE, Launch, hung_where, last_error, parse_complete, parse_resume,
-                                 unlogged_bound)
+from recipes.soak.launch import (
+    EXIT_WATCH_LINE,
+    Launch,
+    hung_where,
+    last_error,
+    parse_complete,
+    parse_resume,
+    unlogged_bound,
+)
 from recipes.soak.ledger import LEDGER_ARGS, check_ledger
 from recipes.soak.observe import EXPERIMENT, Store, good_checkpoints, newest_good, pruned_by_policy
 
