@@ -25,7 +25,8 @@ key                             meaning
 ``train/lengths``               tokens seen by one device since training (re)started
 ==============================  ==================================================
 
-Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``utils/compat.py``.
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``utils/compat.py``,
+``analysis/keys.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
+from .analysis import keys
 from .utils.compat import KeyedThroughputMonitor
 
 if TYPE_CHECKING:
@@ -137,16 +139,16 @@ class TokenThroughput(KeyedThroughputMonitor):
     @override
     def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         self.last = {key: float(value) for key, value in trainer.logged_metrics.items()
-                     if key.startswith("train/") and key.endswith(("tokens_per_sec", "flops_per_sec", "mfu"))}
+                     if key.startswith(keys.TRAIN_PREFIX) and key.endswith(("tokens_per_sec", "flops_per_sec", "mfu"))}
 
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """Rows for the end summary: tokens/s and MFU of the last logged window."""
-        device_rate = self.last.get("train/device/tokens_per_sec")
+        device_rate = self.last.get(keys.DEVICE_TOKENS_PER_SEC_KEY)
         if device_rate is None:
             return [("tokens/s", f"not measured (fewer than window_size={self._window()} batches were logged)")]
-        total = self.last.get("train/tokens_per_sec", device_rate)
+        total = self.last.get(keys.TOKENS_PER_SEC_KEY, device_rate)
         rows = [("tokens/s", f"{total:,.0f} (per device {device_rate:,.0f})")]
-        mfu = self.last.get("train/device/mfu")
+        mfu = self.last.get(keys.MFU_KEY)
         if self.available_flops is None:
             rows.append(("MFU", f"unavailable: no peak FLOP/s known for {self.device_name} "
                                 "(set the TokenThroughput callback's peak_tflops)"))

@@ -38,6 +38,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from rich.console import Console
 from rich.table import Table
 
+from callbacks.analysis.keys import DEFAULT_METRIC
 from callbacks.baselines import Baselines
 from callbacks.checkpoint_io import AtomicCheckpointIO, BoundedAsyncCheckpointIO, PublishGate
 from callbacks.cost import CostTracker
@@ -177,7 +178,7 @@ class AtscaleCLI(LightningCLI):
                             help="Log the trained model to MLflow at the end (skip for sweeps and drills).")
         parser.add_lightning_class_args(PublishedModelCheckpoint, "checkpoint")
         parser.set_defaults({
-            "checkpoint.monitor": "val/acc",
+            "checkpoint.monitor": DEFAULT_METRIC,
             "checkpoint.mode": "max",
             "checkpoint.save_top_k": 1,
             "checkpoint.filename": "best-{epoch:03d}-{step:08d}",
@@ -303,7 +304,7 @@ class AtscaleCLI(LightningCLI):
         seed = self.config.get("seed_everything")
         extra: list[Callback] = [Manifest(ctx.run_dir, seed=seed if isinstance(seed, int) else None,
                                           argv=[redact(arg) for arg in sys.argv]),
-                                 Baselines(metric=self.config.checkpoint.monitor or "val/acc")]
+                                 Baselines(metric=self.config.checkpoint.monitor or DEFAULT_METRIC)]
         if ctx.run_url is not None:
             extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
         extra.append(RelocateCheckpointState())

@@ -32,6 +32,7 @@ from typing import Any
 
 from jsonargparse import Namespace
 
+from callbacks.analysis import keys
 from callbacks.storage import ckpt_store, remote_store
 from callbacks.storage.remote_store import RemoteCheckpoints, StoreError
 from callbacks.utils.steps_file import PROGRESS_FILE
@@ -160,20 +161,20 @@ def search_tags(cfg: Namespace) -> dict[str, str]:
     trainer = cfg.trainer
     configs = [Path(str(c)).name for c in (cfg.get("config") or [])]
     tags = {
-        "atscale.recipe": " + ".join(configs) or cfg.experiment,
-        "atscale.model": _short_class(cfg.get("model")),
-        "atscale.data": _short_class(cfg.get("data")),
-        "atscale.strategy": _short_class(trainer.get("strategy") or "auto"),
-        "atscale.devices": f"{trainer.get('devices') or 'auto'} x {trainer.get('num_nodes') or 1}",
-        "atscale.precision": str(trainer.get("precision") or "32-true"),
-        "atscale.market": str(cfg.cost.get("market")) if cfg.get("cost") else "on_demand",
+        keys.RECIPE_TAG: " + ".join(configs) or cfg.experiment,
+        keys.MODEL_TAG: _short_class(cfg.get("model")),
+        keys.DATA_TAG: _short_class(cfg.get("data")),
+        keys.STRATEGY_TAG: _short_class(trainer.get("strategy") or "auto"),
+        keys.DEVICES_TAG: f"{trainer.get('devices') or 'auto'} x {trainer.get('num_nodes') or 1}",
+        keys.PRECISION_TAG: str(trainer.get("precision") or "32-true"),
+        keys.MARKET_TAG: str(cfg.cost.get("market")) if cfg.get("cost") else "on_demand",
         "mlflow.note.content": "```\n" + " ".join(redact(a) for a in [Path(sys.executable).name, *sys.argv]) + "\n```",
     }
     from callbacks.manifest import git_state  # here: the resume policy is testable without Lightning
 
     sha = git_state(Path(__file__).parent).get("sha")
     if sha:
-        tags["atscale.git_sha"] = sha
+        tags[keys.GIT_SHA_TAG] = sha
     return tags
 
 
