@@ -309,8 +309,8 @@ def wrap_up_done() -> None:
 def rank_exit_code(code: int, launched_by_parent: bool) -> int:
     """The exit code a rank reports: 0 for an orderly stop (75, 130) of a rank Lightning's launcher started.
 
-    The launching process reports the stop to whoever relaunches; its launcher SIGKILLs every rank, itself
-    included, when a rank it started exits non-zero (Lightning's ``_ChildProcessObserver``), which turned
-    the launching process's 75 into -9 whenever that rank ended first.
+    The launching process reports the stop to whoever relaunches. Lightning's launcher SIGKILLs every rank,
+    itself included, as soon as a rank it started exits non-zero (its ``_ChildProcessObserver``): a started rank
+    that stops in order must exit 0, or the launching process's 75 becomes -9 whenever that rank ends first.
     """
     return 0 if launched_by_parent and code in (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE) else code
