@@ -169,7 +169,11 @@ def quiet_known_noise() -> None:
       holds the run's own checkpoints (``--fresh true`` sets them aside);
     - MLflow's "View run ... at: URL" at every end of a run (the end table shows the page once);
     - MLflow's ERROR lines and tracebacks for each write a full tracking store refused (the run ends with one line
-      that says so: ``recipes.run.errors.store_full_message``).
+      that says so: ``recipes.run.errors.store_full_message``);
+    - once a stop signal came outside training (:func:`stopping`), the "Exception ignored in ..." tracebacks of
+      library clean-ups it broke into: the stop's exception raised inside a weakref callback (SQLAlchemy's
+      ``InstanceState._cleanup``) leaves that library's bookkeeping half-done, and each later clean-up prints an
+      ``AssertionError`` while the process is ending anyway with its one line.
     """
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DROP_TIP)
@@ -181,6 +185,19 @@ def quiet_known_noise() -> None:
     warnings.filterwarnings("ignore", message=r".*LeafSpec.*is deprecated")
     warnings.filterwarnings("ignore", message=r".*'set_vital' is deprecated")
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    if not isinstance(sys.unraisablehook, _QuietAfterStop):
+        sys.unraisablehook = _QuietAfterStop(sys.unraisablehook)
+
+
+class _QuietAfterStop:
+    """``sys.unraisablehook`` that drops what is raised in clean-ups once a stop signal came (see above)."""
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        if not _stopping.is_set():
+            self.previous(unraisable)
 
 
 def quiet_lightning_info() -> None:
