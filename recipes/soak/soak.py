@@ -189,7 +189,7 @@ class Soak:
         if steps:
             launch.first_step_s = round(steps[0][1] / 1000 - launch.started, 3)
             launch.furthest_step = max(s for s, _ in steps) + 1  # logged after optimizer step k: step k - 1
-        if launch.exit_code == -signal.SIGKILL and launch.furthest_step is not None:
+        if launch.exit_code == -signal.SIGKILL:  # no loss in the store at all: unknown (None), no upper bound
             launch.unlogged_max = unlogged_bound(steps, launch.started + launch.wall_s)
         launch.decided = resume is not None or bool(steps)
         if launch.decided and resume is None:
