@@ -55,6 +55,7 @@ from callbacks.utils.run_report import AfterFit, ExitCode, SummaryRows
 from recipes.run import tracking
 from recipes.run.agree import DecisionFailed, agent_store_available, decided_once
 from recipes.run.cli_callbacks import (
+    AgreedStart,
     LoggedThrough,
     RelocateCheckpointState,
     TrackedConfig,
@@ -307,7 +308,7 @@ class AtscaleCLI(LightningCLI):
                                  Baselines(metric=self.config.checkpoint.monitor or DEFAULT_METRIC)]
         if ctx.run_url is not None:
             extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
-        extra.append(RelocateCheckpointState())
+        extra += [RelocateCheckpointState(), AgreedStart(ctx.run_name, ctx.ckpt_path)]
         extra += [WrapUpSignals(), ReleaseInterruptedFrames()]
         if self.config.log_model:
             extra.append(LogModel(defer=True))  # logged by fit() once trainer.fit has returned

@@ -1,6 +1,6 @@
 """The CLI's own callbacks: the run's config into its directory and MLflow, run files into object storage,
-ModelCheckpoint's best-k record kept across a resume on another machine, and how far training has logged
-(what a checkpoint's publication waits for)."""
+ModelCheckpoint's best-k record kept across a resume on another machine, how far training has logged
+(what a checkpoint's publication waits for), and every rank's start checked against global rank 0's."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
+from torch import distributed as dist
 
 from callbacks.checkpoint_io import METRICS_PENDING_KEY, PublishGate
 from callbacks.storage import ckpt_store, remote_store
 from callbacks.utils.steps_file import PROGRESS_FILE
+from recipes.run.common import UsageError
 from recipes.run.compat import MODEL_CHECKPOINT_BEST_K_KEY, MODEL_CHECKPOINT_PATH_KEYS
 from recipes.run.context import flatten
 from recipes.run.tracking import redact
@@ -165,3 +167,32 @@ class LoggedThrough(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: Any, exception: BaseException) -> None:
         self.gate.finish()
+
+
+class AgreedStart(Callback):
+    """Every rank starts the run where global rank 0 does, checked once the process group exists.
+
+    Tasks that a scheduler starts side by side (``srun``) each apply the resume policy alone: a rank whose node
+    sees another checkpoint (its disk lacks the run's; a checkpoint appeared between two ranks' reads) would train
+    apart from the others, or wait in another collective until the process group's timeout. At ``setup`` every
+    rank gathers every rank's run name and checkpoint in one ``all_gather_object``; when any differs, every rank
+    raises the same one-line error (exit 2) at the same point. Under torchrun and Lightning's own launcher the
+    ranks received rank 0's decision already (``recipes/run/agree.py``): the check then costs one collective.
+    """
+
+    def __init__(self, run_name: str, ckpt_path: str | None) -> None:
+        self.start = (run_name, Path(ckpt_path).name if ckpt_path else None)
+
+    def setup(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        if trainer.world_size < 2 or not (dist.is_available() and dist.is_initialized()):
+            return
+        starts: list[Any] = [None] * trainer.world_size
+        dist.all_gather_object(starts, self.start)
+        apart = [rank for rank, start in enumerate(starts) if tuple(start) != tuple(starts[0])]
+        if apart:
+            def said(rank: int) -> str:
+                name, ckpt = starts[rank]
+                return f"rank {rank} starts run {name} from {ckpt or 'scratch'}"
+            raise UsageError(f"the ranks would start apart: {said(0)}, {said(apart[0])}. Give every node the same "
+                             "--runs_root (a shared filesystem, or an object-storage URL such as s3://bucket/runs) "
+                             "and the same --run_name.")

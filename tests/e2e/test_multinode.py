@@ -159,3 +159,41 @@ def test_a_node_without_the_checkpoint_ends_the_job_at_start_up(tmp_path: Path) 
     assert "error: rank 1: rank 1 cannot find" in outputs[0], shown  # node 0 ends on node 1's word, not a timeout
     assert not (node_dirs[1] / "runs" / "digits" / "split" / "checkpoints").exists() or not any(
         (node_dirs[1] / "runs" / "digits" / "split" / "checkpoints").glob("step=*.ckpt"))  # node 1 trained nothing
+
+
+def test_srun_tasks_that_would_start_apart_stop_together(tmp_path: Path) -> None:
+    """Two SLURM tasks (srun's environment, no torchrun) whose --runs_root is each one's own disk: each applies
+    the resume policy alone, task 0 finds the run's checkpoint, task 1 none. Once the process group exists, the
+    ranks compare their starts (recipes/run/cli_callbacks.py's AgreedStart) and both stop with the same line."""
+    node_dirs = [tmp_path / "node0", tmp_path / "node1"]
+    for node_dir in node_dirs:
+        node_dir.mkdir()
+    env = cli_env(node_dirs[0])  # one tracking store for the job
+    digits = ["-m", "recipes.fit", "--config", str(CONFIGS / "digits.yaml"), "--run_name", "apart", *FAST,
+              "--log_model", "false", "--system_metrics", "false"]
+    first = subprocess.run([sys.executable, *digits, "--trainer.max_steps", "3"], cwd=node_dirs[0], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "atscale-digits", "SLURM_NTASKS": "2",
+             "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+             "SLURM_NODELIST": "localhost", "SLURM_JOB_NODELIST": "localhost", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(free_port())}
+    tasks = [subprocess.Popen([sys.executable, *digits, "--trainer.strategy", "ddp", "--trainer.devices", "2",
+                               "--trainer.max_steps", "6"], cwd=node_dir,
+                              env={**env, **slurm, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for rank, node_dir in enumerate(node_dirs)]
+    try:
+        outputs = [task.communicate(timeout=240)[0] for task in tasks]
+    finally:
+        for task in tasks:
+            if task.poll() is None:
+                os.killpg(task.pid, signal.SIGKILL)
+    shown = outputs[0][-2500:] + outputs[1][-2500:]
+    assert [task.returncode for task in tasks] == [2, 2], shown
+    line = ("error: the ranks would start apart: rank 0 starts run apart from step=00000003.ckpt, rank 1 starts run "
+            "apart from scratch. Give every node the same --runs_root")
+    assert line in outputs[0] and line in outputs[1], shown
+    assert not any((node_dirs[1] / "runs" / "digits" / "apart").glob("checkpoints/step=*.ckpt"))  # none trained
+    # the relaunch had reopened the run when the ranks compared their starts: it ends FAILED, never RUNNING
+    assert [r.info.status for r in runs_of(node_dirs[0], "digits") if r.info.run_name == "apart"] == ["FAILED"]
