@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -11,8 +12,9 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -519,3 +521,30 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return _SCHEDULED_TOGETHER.get(path, path)
 
     return FileScheduling(config, log)
+
+
+@contextlib.contextmanager
+def frozen(proc: subprocess.Popen) -> Iterator[None]:
+    """Inside: every thread of the launch is stopped (SIGSTOP to its group), so what a test reads of it holds
+    until the test acts; a signal sent meanwhile is delivered on SIGCONT, to the state read."""
+    deadline = time.monotonic() + 10
+    while os.getpgid(proc.pid) != proc.pid:  # a fork of the zygote starts its own group a moment after it starts
+        assert time.monotonic() < deadline, "the launch did not start its own process group within 10 s"
+        time.sleep(0.001)
+    os.killpg(proc.pid, signal.SIGSTOP)
+    while not all(_stopped(task) for task in Path(f"/proc/{proc.pid}/task").glob("*")):
+        assert time.monotonic() < deadline, "the launch did not stop within 10 s of SIGSTOP"
+        time.sleep(0.001)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+
+
+def _stopped(task: Path) -> bool:
+    try:
+        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):  # the thread ended
+        return True
+    return state in ("T", "t", "Z", "X")

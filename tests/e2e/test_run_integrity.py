@@ -8,7 +8,6 @@ left RUNNING, no good checkpoint lost, one line on stderr for what went wrong.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from tests.conftest import (
     cli_env,
     client_for,
     free_port,
+    frozen,
     run_fit,
     runs_of,
     start_fit,
@@ -82,31 +82,6 @@ def catches(pid: int, signum: int) -> bool:
     raise AssertionError(f"/proc/{pid}/status has no SigCgt line")
 
 
-@contextlib.contextmanager
-def frozen(proc: subprocess.Popen) -> Iterator[None]:
-    """Inside: every thread of the launch is stopped (SIGSTOP to its group), so what a test reads of it holds
-    until the test acts; a signal sent meanwhile is delivered on SIGCONT, to the state read."""
-    deadline = time.monotonic() + 10
-    while os.getpgid(proc.pid) != proc.pid:  # a fork of the zygote starts its own group a moment after it starts
-        assert time.monotonic() < deadline, "the launch did not start its own process group within 10 s"
-        time.sleep(0.001)
-    os.killpg(proc.pid, signal.SIGSTOP)
-    while not all(_stopped(task) for task in Path(f"/proc/{proc.pid}/task").glob("*")):
-        assert time.monotonic() < deadline, "the launch did not stop within 10 s of SIGSTOP"
-        time.sleep(0.001)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGCONT)
-
-
-def _stopped(task: Path) -> bool:
-    try:
-        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):  # the thread ended
-        return True
-    return state in ("T", "t", "Z", "X")
 
 
 def statuses(workdir: Path, experiment: str = "digits") -> list[tuple[str, str]]:

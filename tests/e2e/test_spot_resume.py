@@ -7,14 +7,13 @@ record must be one run with a continuous step axis.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from tests.conftest import (
     cli_env,
     client_for,
     final_weights,
+    frozen,
     run_fit,
     runs_of,
     start_fit,
@@ -57,31 +57,6 @@ def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, what: str, t
         time.sleep(poll_s)
 
 
-@contextlib.contextmanager
-def frozen(proc: subprocess.Popen) -> Iterator[None]:
-    """Inside: every thread of the launch (its own process group) is stopped, so what the test reads of it holds
-    until the test acts (a signal sent meanwhile meets the state read)."""
-    deadline = time.monotonic() + 10
-    while os.getpgid(proc.pid) != proc.pid:  # a fork of the zygote starts its own group a moment after it starts
-        assert time.monotonic() < deadline, "the launch did not start its own process group within 10 s"
-        time.sleep(0.001)
-    os.killpg(proc.pid, signal.SIGSTOP)
-    while not all(_stopped(task) for task in Path(f"/proc/{proc.pid}/task").glob("*")):
-        assert time.monotonic() < deadline, "the launch did not stop within 10 s of SIGSTOP"
-        time.sleep(0.001)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGCONT)
-
-
-def _stopped(task: Path) -> bool:
-    try:
-        state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):  # the thread ended
-        return True
-    return state in ("T", "t", "Z", "X")
 
 
 def step_axis(workdir: Path, key: str = "train/loss") -> list[int]:
