@@ -190,7 +190,7 @@ SAVE_COST_KEY = f"{SPOT_PREFIX}save_cost_s"
 #: The expected share of time lost to saves and redone work at the interval in use.
 EXPECTED_OVERHEAD_KEY = f"{SPOT_PREFIX}expected_overhead"
 
-# ----------------------------------------------------------- recipes.scale's parent run (recipes/speedup/)
+# ------------------------------------------------------------- recipes.scale's parent run (recipes/scale/)
 #: Prefix of the scale sweep's figures.
 SCALE_PREFIX = "scale/"
 #: Throughput at each device count (a point per count, its step the count).

@@ -13,7 +13,7 @@ import pytest
 from callbacks.analysis.scaling import amdahl_speedup
 from recipes.run.common import UsageError
 from recipes.scale import main
-from recipes.speedup.points import parse_devices, per_device_batch
+from recipes.scale.points import parse_devices, per_device_batch
 from tests.conftest import CONFIGS, REPO, client_for, run_module
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -235,8 +235,8 @@ def test_note_for_a_superlinear_point_and_two_inconsistent_points(tmp_path: Path
 
 
 def test_scaling_plot_labels_devices_as_plain_integers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from recipes.speedup.points import ScaleResult, fit_points, read_csv
-    from recipes.speedup.report import scaling_figure
+    from recipes.scale.points import ScaleResult, fit_points, read_csv
+    from recipes.scale.report import scaling_figure
 
     points = read_csv(str(_write_csv(tmp_path / "m.csv", [(1, 100.0), (2, 180.0), (4, 300.0)])))
     fig = scaling_figure(ScaleResult("strong", points, fit_points(points), 4, tmp_path))

@@ -1,5 +1,5 @@
 """The launches of a scaling sweep: ``python -m recipes.fit`` at each device count, nested under one MLflow
-parent run, their throughputs read back as :class:`~recipes.speedup.points.Point` s; or a user's CSV instead.
+parent run, their throughputs read back as :class:`~recipes.scale.points.Point` s; or a user's CSV instead.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from recipes.run.common import (
     tracking_uri,
 )
 from recipes.run.tracking import ensure_experiment
-from recipes.speedup.points import Point, ScaleResult, fit_points, parse_devices, per_device_batch, read_csv
-from recipes.speedup.report import log_parent, write_outputs
+from recipes.scale.points import Point, ScaleResult, fit_points, parse_devices, per_device_batch, read_csv
+from recipes.scale.report import log_parent, write_outputs
 
 
 class ChildFailed(Exception):

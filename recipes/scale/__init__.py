@@ -27,6 +27,13 @@ fraction of that run predicts (``amdahl/serial_fraction``) with the speedup the 
 Only device counts this machine really has are run (CPU processes up to its cores, GPUs up to
 its GPUs); larger N are predictions of the fitted laws and are labelled so. Exit codes: 0 done,
 2 bad input, 1 a child run failed (its log is in ``--out``).
+
+Where things live: this module is the command line (its parser and :func:`main`; ``__main__.py`` runs it), and
+the sweep is split along its seams:
+
+- :mod:`recipes.scale.points`: the measured points and the laws fitted to them (no I/O but a CSV).
+- :mod:`recipes.scale.launch`: the training launches at each device count, and the CSV path instead.
+- :mod:`recipes.scale.report`: the files, the MLflow parent run's record and the terminal tables.
 """
 
 from __future__ import annotations
@@ -52,8 +59,8 @@ from recipes.run.common import (
     os_error_line,
 )
 from recipes.run.tracking import TrackingError
-from recipes.speedup.launch import ChildFailed, run_from_csv, run_sweep
-from recipes.speedup.report import print_report
+from recipes.scale.launch import ChildFailed, run_from_csv, run_sweep
+from recipes.scale.report import print_report
 
 PROG = "python -m recipes.scale"
 
@@ -139,6 +146,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_report(result, console)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

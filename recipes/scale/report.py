@@ -18,7 +18,7 @@ from rich.table import Table
 
 from callbacks.analysis import keys
 from callbacks.analysis.scaling import amdahl_speedup, gustafson_speedup, usl_speedup
-from recipes.speedup.points import ScaleResult, no_speedup
+from recipes.scale.points import ScaleResult, no_speedup
 
 
 def write_outputs(result: ScaleResult) -> None:
