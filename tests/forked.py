@@ -80,12 +80,21 @@ def _serve(path: str) -> dict[str, Any]:
         if selector.select(timeout=0.05):
             conn, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(conn, 1 << 22, 3)
+            request = json.loads(message)
+            settled, settled_w = os.pipe()  # the child's session exists before its pid is handed out
             pid = os.fork()
             if pid == 0:
                 selector.close()
                 listener.close()
                 conn.close()
-                return {**json.loads(message), "fds": fds}
+                os.close(settled)
+                if request["new_session"]:
+                    os.setsid()
+                os.close(settled_w)
+                return {**request, "fds": fds}
+            os.close(settled_w)
+            os.read(settled, 1)  # returns at the child's close: an os.killpg(pid) from now on reaches its group
+            os.close(settled)
             for fd in fds:
                 os.close(fd)
             conn.send(str(pid).encode())
@@ -106,9 +115,8 @@ def _serve(path: str) -> dict[str, Any]:
 
 
 def _become(request: dict[str, Any]) -> None:
-    """Turn this fork into the requested process: session, streams, directory, environment, signals, argv."""
-    if request["new_session"]:
-        os.setsid()
+    """Turn this fork into the requested process (its session is already made): streams, directory, environment,
+    signals, argv."""
     for target, fd in enumerate(request["fds"]):
         os.dup2(fd, target)
         os.close(fd)
