@@ -255,7 +255,9 @@ def _in_kernel(args: list[str], name: str, experiment: str) -> Run:
         raise TrainError(_one_line(outcome.message or f"the run ended with exit code {outcome.code}"))
     cli = outcome.cli
     if outcome.code == _REQUEUE and (cli is None or cli.summary is None):
-        raise TrainError(_one_line(outcome.message or "the run stopped before training"))
+        # a stop before training, or one the fit ended early (streamed data gone): the line above the error says why
+        raise TrainError(_one_line(outcome.message or "the run stopped before it finished (exit 75; its output says "
+                                   "why): run the cell again to resume it"))
     status = "interrupted" if outcome.code == _REQUEUE else ("finished" if cli is not None else "complete")
     if outcome.message and status == "complete":
         print(outcome.message)

@@ -558,6 +558,12 @@ def launch(args: list[str] | None, **kwargs: Any) -> Launch:
         if message.startswith("Does not validate against any of the Union subtypes"):  # raised while instantiating
             message = parse_error_message(message)
         return Launch(USAGE_EXIT_CODE, cli, f"error: {redact(message)}", error=True, usage=True)
+    except SystemExit as err:
+        if err.code != REQUEUE_EXIT_CODE:
+            raise
+        # a component ended the run to be relaunched (the streamed data loader, after its one line): a stop, as a
+        # notice is, so a rank Lightning's launcher started reports it as one (run_cli: 0 there)
+        return Launch(REQUEUE_EXIT_CODE, cli)
     except DecisionFailed as err:
         return Launch(1, cli, f"error: global rank 0 failed to decide where the run starts ({err.kind}: {err}); its "
                       "output says why.", error=True)

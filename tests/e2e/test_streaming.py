@@ -238,6 +238,26 @@ def test_bucket_gone_mid_run_ends_in_one_line_and_resumes(dataset: str, moto_s3:
                          final_weights(tmp_path, "gone", "digits-stream"))
 
 
+def test_bucket_gone_under_ddp_ends_every_rank_as_a_stop(dataset: str, moto_s3: S3Server, tmp_path: Path) -> None:
+    """Both DDP ranks stream from the bucket that vanishes. Rank 1 used to leave with its own 75, and Lightning's
+    launcher, seeing a child exit non-zero, SIGKILLed the launching process: exit -9 instead of 75 (1 of 4 here),
+    and a scheduler that requeues on 75 would not. A started rank reports its stop as 0; the launch exits 75."""
+    bucket = "atscale-stream-gone-ddp"
+    moto_s3.make_bucket(bucket)
+    client = moto_s3.client()
+    for key in moto_s3.keys(BUCKET, "digits/"):
+        client.copy_object(Bucket=bucket, Key=key, CopySource={"Bucket": BUCKET, "Key": key})
+    url = f"s3://{bucket}/digits"
+    drop = ("--trainer.callbacks+=tests.e2e.test_streaming.DropBucket", f"--trainer.callbacks.bucket={bucket}",
+            "--trainer.callbacks.step=4", f"--trainer.callbacks.marker={tmp_path / 'dropped'}")
+    first = run_fit(tmp_path, *streamed(tmp_path, url, *DDP, *drop), "--run_name", "gone",
+                    env=env_for(tmp_path, moto_s3), timeout=300)
+    assert first.returncode == REQUEUE, first.stderr[-3000:]
+    assert "terminated with code" not in first.stderr, first.stderr[-3000:]  # the launcher's zombie hunt
+    assert sum(line.startswith("atscale: the streamed data at ") for line in first.stderr.splitlines()) == 1
+    assert [r.info.status for r in runs_of(tmp_path, "digits-stream") if r.info.run_name == "gone"] == ["KILLED"]
+
+
 #: |streamed val/bpb - in-memory val/bpb| of the tiny GPT below (2 layers x 32 wide, 32-byte context, 40 steps of 16
 #: windows, the first 150 kB of the stdlib corpus). Measured: 5.0211 streamed vs 5.0123 in memory (0.009); at 80 steps
 #: of 2 x 64 with 64-byte windows on 400 kB, 4.1192 vs 4.0825 (0.037). The validation windows and the bigram baseline

@@ -198,6 +198,36 @@ def test_a_further_rank_stopping_in_order_leaves_the_launching_process_alive(sto
         launching.wait()
 
 
+@pytest.mark.parametrize(("started_rank", "reported"), [(False, 75), (True, 0)])
+def test_a_components_exit_75_is_a_stop_a_started_rank_reports_as_0(monkeypatch: pytest.MonkeyPatch,
+                                                                    started_rank: bool, reported: int) -> None:
+    """Streamed data gone ends a rank with ``SystemExit(75)`` from inside the fit. In a rank Lightning's launcher
+    started, that 75 reached the interpreter as it was: the launcher's observer saw a child exit non-zero and
+    SIGKILLed the launching process, whose own 75 became -9 (1 of 4 DDP outages here). It is a stop like a
+    notice: the launching process reports it, a started rank exits 0."""
+    from recipes.run import cli
+    from recipes.run.context import ENV_RUN_NAME
+
+    class StreamGone:
+        summary = None
+
+        def __init__(self, **kwargs: object) -> None:
+            pass
+
+        def fit(self) -> int:
+            raise SystemExit(75)
+
+        def _release_lock(self) -> None:
+            pass
+
+    monkeypatch.setattr(cli, "AtscaleCLI", StreamGone)
+    monkeypatch.setenv("LOCAL_RANK", "1" if started_rank else "0")
+    monkeypatch.setenv(ENV_RUN_NAME, "r")
+    monkeypatch.setattr(cli, "install_stop_signals", lambda: None)  # this process's handlers stay pytest's
+    monkeypatch.setattr(cli, "ignore_stop_signals", lambda: None)
+    assert cli.run_cli([]) == reported
+
+
 def test_a_stop_just_after_the_mlflow_run_exists_marks_it_killed(fit_in_process, tmp_path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A SIGTERM between the run's creation and the start of training (a DDP launch killed as its ranks met) left
