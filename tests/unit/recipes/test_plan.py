@@ -13,7 +13,7 @@ import pytest
 
 from callbacks.analysis.prices import get_instance, load_catalog
 from recipes.plan import main
-from recipes.planning.model import PlanInputs, plan
+from recipes.plan.model import PlanInputs, plan
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = ["--step-time", "3", "--steps", "10000", "--instance", "a3-highgpu-1g", "--interruption-rate", "0.05"]

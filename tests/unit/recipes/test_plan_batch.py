@@ -95,7 +95,7 @@ def test_from_a_run_in_mlflow(tmp_path, monkeypatch, capsys):
 
 
 def test_planner_imports_no_torch():
-    code = ("import sys, recipes.plan, recipes.planning.batch_report, recipes.planning.batch_runs; "
+    code = ("import sys, recipes.plan, recipes.plan.batch_report, recipes.plan.batch_runs; "
             "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -108,7 +108,7 @@ def test_a_reused_run_is_the_newest_finished_one_and_a_trained_run_the_newest(tr
     import mlflow
 
     from callbacks.analysis.keys import STEP_KEY
-    from recipes.planning import batch_train
+    from recipes.plan import batch_train
 
     uri = f"sqlite:///{tracked / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)

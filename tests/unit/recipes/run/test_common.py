@@ -11,7 +11,7 @@ from recipes.run.common import USAGE_EXIT_CODE, ArgumentParser, UsageError, posi
 from tests.conftest import REPO
 
 #: The tools that never train in their own process (scale, plan batch and reproduce train in subprocesses).
-LIGHT_TOOLS = ("compare", "promote", "plan", "planning.batch_runs", "planning.batch_report", "scale", "comm",
+LIGHT_TOOLS = ("compare", "promote", "plan", "plan.batch_runs", "plan.batch_report", "scale", "comm",
                "reproduce", "run.common", "run.tracking")
 
 

@@ -89,16 +89,16 @@ dollars; it picks the fastest and the cheapest and marks batches past diminishin
         --target val/acc=0.97
 
 Only ``--sweep``/``--validate`` train (in ``python -m recipes.fit`` subprocesses, described in
-:mod:`recipes.planning.batch_train`); the planner itself imports neither torch nor Lightning. Exit status: 0;
+:mod:`recipes.plan.batch_train`); the planner itself imports neither torch nor Lightning. Exit status: 0;
 1 when ``--validate`` finds the predicted ranking differs from the measured one or a run missed the target; 2
 on bad input (one line on stderr naming the value).
 
 Where things live: this module is the command line of both (parsing flags into inputs, printing, exit
-codes). :mod:`recipes.planning` holds the rest: the model (:mod:`~recipes.planning.model`), a finished run's
-measurements from MLflow (:mod:`~recipes.planning.runs`), the table and JSON (:mod:`~recipes.planning.report`),
-the figures (:mod:`~recipes.planning.plot`), and for the batch size: what a run says
-(:mod:`~recipes.planning.batch_runs`), the training of ``--sweep``/``--validate``
-(:mod:`~recipes.planning.batch_train`) and its tables (:mod:`~recipes.planning.batch_report`).
+codes; ``__main__.py`` runs it). Its submodules hold the rest, and none parses a command line: the model
+(:mod:`~recipes.plan.model`), a finished run's measurements from MLflow (:mod:`~recipes.plan.runs`), the table
+and JSON (:mod:`~recipes.plan.report`), the figures (:mod:`~recipes.plan.plot`), and for the batch size: what a
+run says (:mod:`~recipes.plan.batch_runs`), the training of ``--sweep``/``--validate``
+(:mod:`~recipes.plan.batch_train`) and its tables (:mod:`~recipes.plan.batch_report`).
 """
 
 from __future__ import annotations
@@ -116,13 +116,13 @@ from callbacks.analysis.batch_size import StepTimeModel, fit_step_time, plan_bat
 from callbacks.analysis.comm_model import gbps_to_bytes_per_s, ring_allreduce_time
 from callbacks.analysis.keys import B_NOISE_KEY, SERIAL_KEY, STEP_KEY
 from callbacks.analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
-from recipes.planning.batch_report import print_plan, print_validation
-from recipes.planning.batch_runs import BATCH_PARAM, read_run, store_client
-from recipes.planning.batch_train import sweep_step_times, validate
-from recipes.planning.model import DEFAULT_DEVICES, PlanInputs, PlanResult, PlanRow, law_speedup, plan
-from recipes.planning.plot import write_batch_plot, write_plot
-from recipes.planning.report import print_overhead_check, print_table, projection_note, rich_console, to_json
-from recipes.planning.runs import (
+from recipes.plan.batch_report import print_plan, print_validation
+from recipes.plan.batch_runs import BATCH_PARAM, read_run, store_client
+from recipes.plan.batch_train import sweep_step_times, validate
+from recipes.plan.model import DEFAULT_DEVICES, PlanInputs, PlanResult, PlanRow, law_speedup, plan
+from recipes.plan.plot import write_batch_plot, write_plot
+from recipes.plan.report import print_overhead_check, print_table, projection_note, rich_console, to_json
+from recipes.plan.runs import (
     RunMeasurement,
     device_caveat,
     interruption_record,
@@ -579,6 +579,3 @@ def batch_main(argv: Sequence[str] | None = None) -> int:
 
     return run_main(body)  # a file that cannot be written (say the plot's folder, removed since the check): one line
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,7 +11,7 @@ prediction). Runs go to the experiment ``<recipe experiment>-batch`` so ``recipe
 do not weigh them against the recipe's own runs.
 
 Every run is a ``python -m recipes.fit`` subprocess, so this module (and the planner) imports neither torch
-nor Lightning. The predicted-vs-measured table is printed by :mod:`recipes.planning.batch_report`.
+nor Lightning. The predicted-vs-measured table is printed by :mod:`recipes.plan.batch_report`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from callbacks.analysis.batch_size import fit_step_time, s_min_from_reference, steps_to_target
 from callbacks.analysis.keys import B_NOISE_KEY, STEP_KEY
-from recipes.planning.batch_runs import Reference, measured_steps_to, read_run
+from recipes.plan.batch_runs import Reference, measured_steps_to, read_run
 from recipes.run.common import UsageError, all_runs, find_run, quoted, tracking_uri
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def sweep_step_times(config: str, batches: Sequence[int], steps: int, stamp: str
 
 
 def _client_for_training() -> tuple[MlflowClient, str]:
-    """Like :func:`recipes.planning.batch_runs.store_client`, but the store may not exist yet: the first training
+    """Like :func:`recipes.plan.batch_runs.store_client`, but the store may not exist yet: the first training
     run creates it."""
     import mlflow
 

@@ -1,6 +1,6 @@
 """The device plan in words: the rich table with its picks and messages, and the JSON of ``--json``.
 
-Formatting only: it reads a :class:`~recipes.planning.model.PlanResult` and computes nothing the model does
+Formatting only: it reads a :class:`~recipes.plan.model.PlanResult` and computes nothing the model does
 not. The table fits the console (columns are dropped in a fixed order when it is narrow, and the caption
 says which); JSON has no infinity, so an infinite MTBF or checkpoint interval becomes null.
 """
@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from recipes.planning.model import PlanResult, PlanRow, money, usd
+from recipes.plan.model import PlanResult, PlanRow, money, usd
 from recipes.run.common import human_duration
 
 __all__ = ["PICK_NAMES", "print_overhead_check", "print_table", "projection_note", "rich_console", "to_json"]

@@ -2,8 +2,8 @@
 
 Printing only, on plain stdout (the validation table is Markdown, to paste): :func:`print_plan` reads a
 :class:`~callbacks.analysis.batch_size.BatchPlan`, :func:`print_validation` the rows
-:func:`recipes.planning.batch_train.validate` measured, and says whether the predicted rankings by time and
-by steps agree with the measured ones. The figure is :func:`recipes.planning.plot.write_batch_plot`.
+:func:`recipes.plan.batch_train.validate` measured, and says whether the predicted rankings by time and
+by steps agree with the measured ones. The figure is :func:`recipes.plan.plot.write_batch_plot`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from recipes.run.common import human_duration
 
 if TYPE_CHECKING:
     from callbacks.analysis.batch_size import BatchPlan, StepTimeModel
-    from recipes.planning.batch_train import ValidationRow
+    from recipes.plan.batch_train import ValidationRow
 
 __all__ = ["print_plan", "print_validation"]
 

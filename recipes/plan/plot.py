@@ -15,7 +15,7 @@ from callbacks.analysis.batch_size import DIMINISHING_FACTOR
 
 if TYPE_CHECKING:
     from callbacks.analysis.batch_size import BatchPlan
-    from recipes.planning.model import PlanResult
+    from recipes.plan.model import PlanResult
 
 __all__ = ["write_batch_plot", "write_plot"]
 

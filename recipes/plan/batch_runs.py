@@ -1,6 +1,6 @@
 """What a run says for the batch-size planner, read from MLflow: noise scale, batch, steps, step time.
 
-``python -m recipes.plan batch --run`` and ``--step-time-runs`` read these; :mod:`recipes.planning.batch_train`
+``python -m recipes.plan batch --run`` and ``--step-time-runs`` read these; :mod:`recipes.plan.batch_train`
 reads its own training runs through :func:`read_run` too. A run's global batch is GradientNoiseScale's
 ``noise_scale/batch_used``, else ``data.init_args.batch_size`` x ``trainer.accumulate_grad_batches``; its
 steps to a target are the first logged step at which the metric reached it. mlflow is imported only when a

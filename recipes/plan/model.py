@@ -7,8 +7,8 @@ cheapest within a deadline and the fastest within a budget (:class:`PlanResult`)
 (Amdahl or USL speedup, Poisson spot interruptions, Daly's checkpoint interval and expected run) is described
 in :mod:`recipes.plan`'s docstring and computed by :mod:`callbacks.analysis`.
 
-Formatting lives in :mod:`recipes.planning.report`, figures in :mod:`recipes.planning.plot`, and reading a
-finished run's measurements from MLflow in :mod:`recipes.planning.runs`.
+Formatting lives in :mod:`recipes.plan.report`, figures in :mod:`recipes.plan.plot`, and reading a
+finished run's measurements from MLflow in :mod:`recipes.plan.runs`.
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def plan(inputs: PlanInputs) -> PlanResult:
     return result
 
 
-# The model's messages quote dollars as the table does (recipes.planning.report).
+# The model's messages quote dollars as the table does (recipes.plan.report).
 
 
 def money(x: float) -> str:
