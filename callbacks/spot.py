@@ -89,7 +89,7 @@ from .utils.resume_record import ELASTIC_TAG, lost_steps, tag_elastic  # noqa: F
 from .utils.rng import restore_rank_rng, rng_state, set_rng_state  # noqa: F401 (tests import it from here)
 from .utils.save_schedule import SaveSchedule
 from .utils.steps_file import PROGRESS_FILE, read_steps_run
-from .utils.watchdog import HangWatchdog, PeerBoard, kill_children, rendezvous_store
+from .utils.watchdog import HangWatchdog, PeerBoard, hung_rank_exit_code, kill_children, rendezvous_store
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -438,6 +438,7 @@ class SpotCheckpoint(Callback):
             logger = next((lg for lg in trainer.loggers if getattr(lg, "run_id", None)), None)
             if logger is not None and hasattr(logger.experiment, "set_terminated"):
                 self._hang_record = (logger.experiment, logger.run_id)
+        self._hang_exit = hung_rank_exit_code(trainer, REQUEUE_EXIT_CODE)
         self._watchdog = HangWatchdog(self._end_hung_job, trainer.global_rank, set(self._signals.signums),
                                       notice_grace_s=self.notice_grace_s, stall_floor_s=self.stall_floor_s,
                                       stall_factor=self.stall_factor, board=board)
@@ -453,10 +454,8 @@ class SpotCheckpoint(Callback):
         return self._watchdog.busy(what) if self._watchdog is not None else contextlib.nullcontext()
 
     def _end_hung_job(self, line: str) -> None:
-        """From the watchdog thread: say what hung, mark the run KILLED, end this process tree, exit 75.
-
-        The newest published checkpoint is whole (saves are atomic), so the relaunch resumes from it.
-        """
+        """From the watchdog thread: say what hung, mark the run KILLED, end this process tree, exit 75 (0 in a rank
+        Lightning's launcher started: ``hung_rank_exit_code``). The newest published checkpoint is whole."""
         sys.stderr.write(f"atscale: {line}. Ending the job (exit {REQUEUE_EXIT_CODE}); the same command resumes "
                          "it from its newest checkpoint.\n")
         sys.stderr.flush()
@@ -466,7 +465,7 @@ class SpotCheckpoint(Callback):
             marker.start()
             marker.join(timeout=10.0)  # the store may be slow; the processes end regardless
         kill_children()
-        os._exit(REQUEUE_EXIT_CODE)
+        os._exit(self._hang_exit)
 
     def _resumed_elsewhere(self, trainer: Trainer, saved_world: int) -> None:
         if trainer.is_global_zero:

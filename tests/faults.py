@@ -155,3 +155,22 @@ class SignalOneRank(Callback):
             return
         self.marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), self.signum)
+
+
+class HangOneRank(Callback):
+    """Block one rank's main thread once, when training reaches ``step`` (a read that never returns); its other
+    threads (the watchdog, Lightning's child-process observer) run on.
+
+    Args:
+        rank: the global rank whose main thread stops.
+        step: the global step at whose end it stops.
+        sleep_s: how long it stays stopped (longer than the test waits).
+    """
+
+    def __init__(self, rank: int, step: int, sleep_s: float = 600.0) -> None:
+        self.rank, self.step, self.sleep_s = rank, step, sleep_s
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            time.sleep(self.sleep_s)

@@ -139,3 +139,21 @@ def test_a_frozen_rank_ends_the_job_within_the_window_and_the_relaunch_is_exact(
     (run,) = runs_of(tmp_path, "digits")
     assert run.info.status == "FINISHED"
     assert_bitwise_equal(final_weights(uninterrupted, "f"), final_weights(tmp_path, "f"))
+
+
+def test_a_hung_rank_0_ends_the_job_with_75_and_the_run_killed(tmp_path: Path) -> None:
+    """Rank 0's main thread stops at step 5, its threads alive; rank 1 waits for it in the next all-reduce. Both
+    watchdogs see the stall; rank 0's ends the job: exit 75, the run KILLED. Rank 1, started by Lightning's
+    launcher, ends with 0 (``hung_rank_exit_code``, unit-tested in tests/unit/callbacks/test_watchdog.py): with its
+    75, the launcher would SIGKILL rank 0 whenever rank 1 fired first (-9, the run left RUNNING). That ordering
+    did not come up here (3 of 3 runs without the fix exited 75): this test holds the end state of a hung rank 0."""
+    args = (*DIGITS, *STRATEGY["ddp"], "--trainer.max_epochs", "3", "--run_name", "h", "--spot.stall_floor_s", "8",
+            "--spot.stall_factor", "3", fault("HangOneRank", rank=0, step=5))
+    started = time.monotonic()
+    result = run_fit(tmp_path, *args, timeout=HANG_S)
+    assert result.returncode == REQUEUE_EXIT_CODE, result.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    assert "terminated with code" not in result.stderr, result.stderr[-3000:]
+    assert any("hang:" in line for line in result.stderr.splitlines()), result.stderr[-3000:]
+    (run,) = runs_of(tmp_path, "digits")
+    assert run.info.status == "KILLED"
