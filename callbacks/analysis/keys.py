@@ -216,7 +216,7 @@ def scale_predicted_speedup_key(devices: int) -> str:
     return f"{SCALE_PREFIX}predicted_speedup_{devices}"
 
 
-# ---------------------------------------------------------- recipes.sweep's parent run (recipes/sweeps/runner.py)
+# ----------------------------------------------------------- recipes.sweep's parent run (recipes/sweep/runner.py)
 #: Prefix of the sweep's figures, logged on its parent run at the end.
 SWEEP_PREFIX = "sweep/"
 #: Dollars the trials cost.

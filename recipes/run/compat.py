@@ -36,7 +36,7 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
 - :func:`stale_heartbeat_trial_ids`: the RUNNING trials whose Optuna heartbeat is older than the storage's grace
   period, without failing them: ``RDBStorage._get_stale_trial_ids`` (the abstract method every Optuna heartbeat
   storage implements; checked on Optuna 5.1); its only public caller, ``optuna.storages.fail_stale_trials``, FAILs
-  them, and a sweep hands a stale trial back to WAITING as itself (``recipes/sweeps/study.py``).
+  them, and a sweep hands a stale trial back to WAITING as itself (``recipes/sweep/study.py``).
 - :class:`HelpFormatter`: argparse's ``HelpFormatter._get_help_string``, the one hook that decides whether an
   option's help says its default (argparse documents its formatter classes' names, not their methods).
 """

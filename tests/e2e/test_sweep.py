@@ -54,7 +54,7 @@ def run_sweep(workdir: Path, name: str, trials: int, *args: str, env: dict[str, 
 
 def study_of(workdir: Path, name: str, storage: str | None = None) -> optuna.Study:
     """The sweep's study, read as the sweep opens it (under its schema lock: not racing its table creation)."""
-    from recipes.sweeps.study import open_storage
+    from recipes.sweep.study import open_storage
 
     url = storage or f"sqlite:///{workdir / 'runs' / 'digits' / name / 'study.db'}"
     if url not in _STORAGES:  # opened once: a poll is then one read, not a new engine and a schema check
@@ -268,7 +268,7 @@ def test_eight_sweeps_opening_a_new_postgresql_storage_at_once_all_get_it(postgr
     """Optuna creates its tables in a new database: done by several processes at once, all but one crashed."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from recipes.sweeps.study import open_storage
+    from recipes.sweep.study import open_storage
 
     for attempt in range(3):  # a race: three fresh databases
         url = postgres.create_database(f"sweep_race_{attempt}")

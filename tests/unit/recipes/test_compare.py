@@ -270,7 +270,7 @@ def test_a_sweeps_trials_are_compared_among_themselves_not_with_the_plain_runs(d
     parent = client.create_run(exp_id, run_name="digits-lr", start_time=1_700_000_300_000,
                                tags={"atscale.kind": "sweep", "atscale.sweep": "digits-lr"}).info.run_id
     client.set_terminated(parent, "FINISHED")
-    callback = json.dumps({"class_path": "recipes.sweeps.pruning.SweepTrial", "init_args": {"trial": 0}})
+    callback = json.dumps({"class_path": "recipes.sweep.pruning.SweepTrial", "init_args": {"trial": 0}})
     for i, lr in enumerate(("0.001", "0.02", "0.005")):
         name = f"digits-lr-t{i:03d}"
         run_id = _run(client, exp_id, name, {**SHARED, **_own(name), LR: lr, EPOCHS: "3", "cpu_threads": "2",

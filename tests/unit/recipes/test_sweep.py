@@ -19,8 +19,8 @@ from optuna.trial import TrialState
 
 from recipes import sweep
 from recipes.run.common import UsageError
-from recipes.sweeps import report, study
-from recipes.sweeps.space import check_fixed, load_space, override_args
+from recipes.sweep import report, study
+from recipes.sweep.space import check_fixed, load_space, override_args
 from tests.conftest import CONFIGS, client_for
 
 LR = "model.init_args.optimizer.init_args.lr"
@@ -325,7 +325,7 @@ def test_parallel_trials_divide_the_visible_gpus_and_share_when_there_are_fewer(
                                                                                 ) -> None:
     import torch
 
-    from recipes.sweeps.runner import gpu_slots
+    from recipes.sweep.runner import gpu_slots
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
@@ -354,7 +354,7 @@ def test_parallel_trials_divide_the_visible_gpus_and_share_when_there_are_fewer(
 ])
 def test_how_a_trial_process_ended_decides_the_trial_state(code: int, pruned: bool, reported: bool, stopping: bool,
                                                            state: str) -> None:
-    from recipes.sweeps.runner import outcome
+    from recipes.sweep.runner import outcome
 
     assert outcome(code, pruned, reported, stopping) == state
 
@@ -408,7 +408,7 @@ def test_a_sqlite_study_whose_tables_another_program_is_creating_opens(
 
 def test_the_parent_run_gets_the_sweeps_figures_under_their_stored_names(tmp_path, monkeypatch):
     """What ``_log_parent`` logs, key by key (the names the docs and stored sweeps hold)."""
-    from recipes.sweeps.runner import Sweep
+    from recipes.sweep.runner import Sweep
 
     logged: dict[str, object] = {}
     client = SimpleNamespace(log_batch=lambda run_id, metrics: logged.update({m.key: m.value for m in metrics}),

@@ -35,7 +35,7 @@ NOT_KEYS: dict[str, set[str]] = {
     "callbacks/timing.py": {"time/step"},  # the end table's row label
     "callbacks/utils/notices.py": {"spot/instance-action at "},  # AWS's metadata path, in a message
     # optuna study attributes, not MLflow tags
-    "recipes/sweeps/study.py": {"atscale.mlflow_parent_run_id", "atscale.owner", "atscale.settings", "atscale.trials"},
+    "recipes/sweep/study.py": {"atscale.mlflow_parent_run_id", "atscale.owner", "atscale.settings", "atscale.trials"},
 }
 
 

@@ -16,7 +16,7 @@ from mlflow.entities import Metric
 
 from recipes import compare, promote
 from recipes.run import common
-from recipes.sweeps import report
+from recipes.sweep import report
 
 
 def _runs(client: mlflow.MlflowClient, experiment_id: str, n: int, tags: dict[str, str] | None = None) -> list[str]:

@@ -39,7 +39,7 @@ class SweepTrial(Callback):
         study: The study's name (the sweep's ``--name``).
         trial: The trial's number.
         metric: The validation metric the study optimizes.
-        pruner: ``median``, ``halving`` or ``none`` (see :func:`recipes.sweeps.study.make_pruner`).
+        pruner: ``median``, ``halving`` or ``none`` (see :func:`recipes.sweep.study.make_pruner`).
         startup_trials: Finished trials before the median pruner prunes anything.
         warmup_epochs: Epochs of a trial before it can be pruned.
 

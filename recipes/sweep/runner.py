@@ -3,7 +3,7 @@
 Each trial is a real run of the recipe with the trial's parameters as overrides: its own run directory
 ``<runs_root>/<experiment>/<name>-t<number>``, checkpoints, cost accounting and baselines, and an MLflow run
 nested under the sweep's parent run (tags ``sweep``, ``trial``). The trial reports its metric and is pruned
-from inside (:class:`recipes.sweeps.pruning.SweepTrial`); this process only starts trials, watches them
+from inside (:class:`recipes.sweep.pruning.SweepTrial`); this process only starts trials, watches them
 end, and tells the study how each ended:
 
 ========================  ======================================================================
@@ -182,7 +182,7 @@ class Sweep:
     # ----------------------------------------------------------------- trials
     def command(self, number: int, params: dict[str, Any]) -> list[str]:
         """The ``python -m recipes.fit`` command line of trial ``number``."""
-        callback = {"class_path": "recipes.sweeps.pruning.SweepTrial",
+        callback = {"class_path": "recipes.sweep.pruning.SweepTrial",
                     "init_args": {"study": self.args.name, "trial": number, "metric": self.args.metric,
                                   "pruner": self.args.pruner, "startup_trials": self.args.pruner_startup,
                                   "warmup_epochs": self.args.pruner_warmup}}
@@ -208,7 +208,7 @@ class Sweep:
         return env
 
     def claim(self) -> optuna.Trial | None:
-        """The next WAITING trial, claimed, with its own seeded sampler (:func:`recipes.sweeps.study.claim_trial`)."""
+        """The next WAITING trial, claimed, with its own seeded sampler (:func:`recipes.sweep.study.claim_trial`)."""
         return claim_trial(self.study, self.storage, self.args.storage,
                            sampler=lambda number: make_sampler(self.args.sampler, self.args.seed, number))
 

@@ -19,11 +19,11 @@ SLURM array (``configs/launch/sweep-slurm-array.sbatch``) and Kubernetes Indexed
 Every other ``--key value`` goes to each trial's ``recipes.fit`` as an override. Relaunching the same command
 (same ``--name``) continues the sweep: finished trials are not rerun, interrupted ones resume from their
 checkpoints in their own MLflow runs, and the sweep holds exactly ``--trials`` trials. The search space is a
-short YAML (:mod:`recipes.sweeps.space`); the sampler is seeded (TPE by default); the pruner (median by
+short YAML (:mod:`recipes.sweep.space`); the sampler is seeded (TPE by default); the pruner (median by
 default, or successive halving) sees the trial's ``--metric`` after each validation epoch.
 
 Why the trial prunes itself: the decision needs the metric of each epoch the moment it exists. A callback in
-the trial process (:class:`recipes.sweeps.pruning.SweepTrial`) reports it to the study and asks the pruner at
+the trial process (:class:`recipes.sweep.pruning.SweepTrial`) reports it to the study and asks the pruner at
 the epoch's end, then stops training like a finished run: no polling of MLflow's asynchronously written
 metrics, no race between a fast epoch and a poll, no signal round trip, and a pruned trial keeps its
 checkpoint, cost and model. This process only starts trials and records how they ended.
@@ -36,6 +36,12 @@ parent run). ``python -m recipes.promote --sweep <name>`` promotes the best tria
 
 Exit codes: 0 done (or nothing left to run here), 2 bad input (before any trial starts), 75 interrupted
 (SIGTERM/SIGUSR1: the running trials saved; relaunch), 130 Ctrl-C.
+
+Where things live: this module is the command line (its parser and :func:`main`; ``__main__.py`` runs it). Its
+submodules hold the sweep on Optuna, and none parses a command line: the search space
+(:mod:`~recipes.sweep.space`), the study in a database (:mod:`~recipes.sweep.study`), the trial processes
+(:mod:`~recipes.sweep.runner`), the pruning callback each trial runs (:mod:`~recipes.sweep.pruning`), the
+in-process recipe check (:mod:`~recipes.sweep.check`) and the end-of-sweep report (:mod:`~recipes.sweep.report`).
 """
 
 from __future__ import annotations
@@ -43,7 +49,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 from pathlib import Path
 
 from callbacks.analysis.keys import DEFAULT_METRIC
@@ -56,7 +61,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--config", action="append", required=True, help="recipe YAML (repeatable, as for recipes.fit)")
-    parser.add_argument("--space", required=True, help="search space YAML (recipes/sweeps/space.py)")
+    parser.add_argument("--space", required=True, help="search space YAML (recipes/sweep/space.py)")
     parser.add_argument("--trials", type=int, required=True, help="trials in the sweep, in all")
     parser.add_argument("--name", required=True, help="the sweep's name: its study, parent run and trial run names")
     parser.add_argument("--parallel", type=int, default=1, help="trials at once in this process (cores divided)")
@@ -128,14 +133,14 @@ def _main(argv: list[str] | None) -> int:
     args, extra = parse(argv)
     from rich.console import Console
 
-    from recipes.sweeps.space import check_fixed, load_space
+    from recipes.sweep.space import check_fixed, load_space
 
     space = load_space(args.space)
     for index, params in enumerate(args.enqueue):
         check_fixed(space, params, f"--enqueue #{index + 1}")
     args.tracking_uri = tracking_uri()
     check_tracking_server(args.tracking_uri)
-    from recipes.sweeps.check import check_recipe
+    from recipes.sweep.check import check_recipe
 
     recipe = check_recipe(args.config, extra, space, args.space, args.metric)
     if args.storage is None:
@@ -145,8 +150,8 @@ def _main(argv: list[str] | None) -> int:
         args.storage = f"sqlite:///{(folder / 'study.db').resolve()}"
     import optuna
 
-    from recipes.sweeps.runner import Sweep
-    from recipes.sweeps.study import open_storage, open_study
+    from recipes.sweep.runner import Sweep
+    from recipes.sweep.study import open_storage, open_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = open_storage(args.storage)
@@ -165,6 +170,3 @@ def _main(argv: list[str] | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     return run_main(lambda: _main(argv))
 
-
-if __name__ == "__main__":
-    sys.exit(main())
