@@ -10,7 +10,7 @@ One module per subcommand, and what they share:
 - :mod:`recipes.bench.contention`: the digits step quiet and beside a busy process, per CPU thread setting.
 - :mod:`recipes.bench.compression`: gradient compression on 2 processes (bytes, step, accuracy).
 - :mod:`recipes.bench.gpu`: the GPU check (a reduced mode on CPU).
-- ``chaos``: the reliability soak, in :mod:`recipes.soak`.
+- :mod:`recipes.bench.chaos`: the reliability soak's options and entry point (its engine is :mod:`recipes.soak`).
 
 Shared: :mod:`recipes.bench.stats` (paired bootstrap intervals and verdicts; no torch),
 :mod:`recipes.bench.runs` (the full recipe in-process less chosen pieces, a step stopwatch),

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 from rich.console import Console
 
+from recipes.bench import chaos
 from recipes.bench import compression as bench_compression
 from recipes.bench import lm as bench_lm
 from recipes.bench import startup as bench_startup
@@ -31,7 +32,6 @@ from recipes.bench.overhead import (
 from recipes.bench.runs import PIECES
 from recipes.run.common import ArgumentParser, UsageError, check_output_dir, check_output_file
 from recipes.run.process import quiet_lightning_info
-from recipes.soak import cli as chaos
 
 PROG = "python -m recipes.bench"
 

@@ -13,6 +13,8 @@ Which module holds what (each imports only those above it, and none imports ``re
 - :mod:`recipes.soak.disk`: the tmpfs the ``disk_full`` fault fills;
 - :mod:`recipes.soak.bucket`: moto's S3 server behind the proxy the ``bucket_outage`` fault takes down;
 - :mod:`recipes.soak.soak`: :class:`~recipes.soak.soak.Soak`, one chain: the reference, the faults, the checks;
-- :mod:`recipes.soak.report`: the JSON report over every chain and its tables;
-- :mod:`recipes.soak.cli`: the ``chaos`` subcommand's options and entry point (``recipes.bench`` calls it).
+- :mod:`recipes.soak.report`: the JSON report over every chain and its tables.
+
+The ``chaos`` subcommand's options and entry point, which drive the chains, are :mod:`recipes.bench.chaos`, beside
+the other benchmarks.
 """

@@ -42,7 +42,7 @@ class Store:
     experiment, where a launch was killed before adding it: what the next launch adds too.) A read the
     client fails (the store locked) is retried, then returns nothing; its errors are noted in ``errors``.
     The client's engine is built once per store and must not pool connections: a pooled sqlite connection
-    keeps reading a store that was deleted and replaced, so :func:`~recipes.soak.cli.soak` runs in
+    keeps reading a store that was deleted and replaced, so :func:`~recipes.bench.chaos.soak` runs in
     :func:`observer_pool`.
     """
 

@@ -14,7 +14,7 @@ run name (``chaos-2``, ...), so that a run always has training left to interrupt
 process group: under DDP the rank Lightning starts is in it) and signals go to the whole group.
 
 :class:`Soak` strikes each kind of :mod:`recipes.soak.faults` and checks the invariants after every launch;
-:mod:`recipes.soak.cli` drives one or more chains and :mod:`recipes.soak.report` sums them up.
+:mod:`recipes.bench.chaos` drives one or more chains and :mod:`recipes.soak.report` sums them up.
 """
 
 from __future__ import annotations
