@@ -14,7 +14,7 @@ One module per subcommand, and what they share:
 
 Shared: :mod:`recipes.bench.stats` (paired bootstrap intervals and verdicts; no torch),
 :mod:`recipes.bench.runs` (the full recipe in-process less chosen pieces, a step stopwatch),
-:mod:`recipes.bench.mlp` (the synthetic MLP workload), :mod:`recipes.bench.cli` (the options and the
-dispatch), :mod:`recipes.bench.output` (the figures as JSON or as tables). Nothing a benchmark imports imports
-the command line back.
+:mod:`recipes.bench.mlp` (the synthetic MLP workload), :mod:`recipes.bench.subcommands` (the options and
+the dispatch), :mod:`recipes.bench.output` (the figures as JSON or as tables). Nothing a benchmark imports
+imports the command line back.
 """

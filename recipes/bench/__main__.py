@@ -1,6 +1,6 @@
-"""``python -m recipes.bench <subcommand>``: see :mod:`recipes.bench.cli`."""
+"""``python -m recipes.bench <subcommand>``: see :mod:`recipes.bench.subcommands`."""
 
-from recipes.bench.cli import main
+from recipes.bench.subcommands import main
 from recipes.run.shutdown import run_and_exit
 
 if __name__ == "__main__":

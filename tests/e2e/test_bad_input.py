@@ -272,7 +272,7 @@ def tool_parsers() -> dict[str, tuple[argparse.ArgumentParser, list[str]]]:
     that make the rest of its command valid, so that a refusal is the hostile option's: ``{name}`` items are
     filled in by the test (a GPT checkpoint, a CSV of measurements, a sweep's space)."""
     from recipes import compare, plan, promote, reproduce, sample, scale, sweep
-    from recipes.bench import cli as bench
+    from recipes.bench import subcommands as bench
 
     tools = {
         "recipes.compare": (compare.build_parser(), ["--experiment", "digits"]),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from callbacks.spot import REQUEUE_EXIT_CODE
-from recipes.bench import cli as bench
+from recipes.bench import subcommands as bench
 from recipes.soak.faults import INVARIANTS, KINDS, corrupt, plan_faults
 from recipes.soak.launch import hung_where, parse_resume
 from recipes.soak.observe import pruned_by_policy

@@ -55,7 +55,7 @@ def code_commands() -> set[str]:
 
 def code_bench_subcommands() -> set[str]:
     """The names ``python -m recipes.bench`` gives its subparsers (``sub.add_parser("overhead", ...)``)."""
-    tree = ast.parse((REPO / "recipes" / "bench" / "cli.py").read_text())
+    tree = ast.parse((REPO / "recipes" / "bench" / "subcommands.py").read_text())
     return {node.args[0].value for node in ast.walk(tree)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_parser"
             and node.args and isinstance(node.args[0], ast.Constant)}

@@ -90,7 +90,7 @@ def test_the_walk_sees_relative_and_in_function_imports() -> None:
     # relative, at the top: callbacks/cost.py imports .analysis.cost_model
     assert "callbacks.analysis.cost_model" in _imports("callbacks.cost", known["callbacks.cost"], known)
     # absolute, inside a function: the bench command line imports the GPU bench only for its subcommand
-    assert "recipes.bench.gpu" in _imports("recipes.bench.cli", known["recipes.bench.cli"], known)
+    assert "recipes.bench.gpu" in _imports("recipes.bench.subcommands", known["recipes.bench.subcommands"], known)
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -471,7 +471,8 @@ MUST_NOT_IMPORT: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
 )
 #: Modules nothing imports back, but the one that runs them: module -> its runner.
 NOT_IMPORTED_BACK = {
-    "recipes.bench.cli": ("recipes.bench.__main__", "bench/cli: options and dispatch; nothing imports it back"),
+    "recipes.bench.subcommands": ("recipes.bench.__main__",
+                                  "bench/subcommands: options and dispatch; nothing imports it back"),
 }
 #: Modules that stay free of torch and Lightning when imported, with everything they import at import time (their
 #: packages' __init__ and the project modules they import at the top, transitively).
@@ -556,14 +557,15 @@ def test_imports_go_the_way_the_layout_says() -> None:
 
 def test_the_direction_check_sees_a_break_inside_a_function(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from recipes.bench import cli\n    from .. import spot\n")
+    bad.write_text("def f():\n    from recipes.bench import subcommands\n    from .. import spot\n")
     assert sorted(_direction_breaks({"callbacks.analysis.bad": bad, "recipes.bench.fit": bad})) == sorted([
         "bad.py imports callbacks.spot: analysis/ imports nothing of ours but itself",
         "bad.py imports callbacks: analysis/ imports nothing of ours but itself",
         "bad.py imports recipes.bench: imports are one-way: callbacks import neither recipes nor datamodules",
-        "bad.py imports recipes.bench.cli: imports are one-way: callbacks import neither recipes nor datamodules",
-        "bad.py imports recipes.bench.cli: bench/cli: options and dispatch; nothing imports it back",
-        "bad.py imports recipes.bench.cli: bench/cli: options and dispatch; nothing imports it back",
+        "bad.py imports recipes.bench.subcommands: imports are one-way: callbacks import neither recipes nor "
+        "datamodules",
+        "bad.py imports recipes.bench.subcommands: bench/subcommands: options and dispatch; nothing imports it back",
+        "bad.py imports recipes.bench.subcommands: bench/subcommands: options and dispatch; nothing imports it back",
     ])
     heavy = tmp_path / "heavy.py"
     heavy.write_text("from typing import TYPE_CHECKING\nimport numpy\nif TYPE_CHECKING:\n    import torch\n"

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from recipes.bench.checkpoint import async_over_sync, checkpoint_stall
-from recipes.bench.cli import build_parser, main
 from recipes.bench.mlp import BenchModule, mlp
 from recipes.bench.overhead import overhead_ratios
+from recipes.bench.subcommands import build_parser, main
 
 
 def test_overhead_ratios_and_goals() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes.bench import cli as bench
 from recipes.bench import compression as bench_compression
+from recipes.bench import subcommands as bench
 
 
 def test_medians_and_bytes_relative_to_dense(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipes.bench.cli import main
 from recipes.bench.gpu import CPU_MODE, KEYS, markdown
+from recipes.bench.subcommands import main
 
 ROWS = ("| tokens/s, full recipe", "| MFU", "| full recipe / plain Lightning", "| StepTiming", "| async checkpoint",
         "| sync checkpoint")

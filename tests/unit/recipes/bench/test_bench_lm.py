@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from recipes.bench import cli as bench
 from recipes.bench import lm as bench_lm
+from recipes.bench import subcommands as bench
 
 
 def test_median_step_leaves_out_the_warm_up_steps() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from recipes.bench import cli as bench
 from recipes.bench import startup as bench_startup
+from recipes.bench import subcommands as bench
 
 
 def test_phases_are_the_intervals_between_the_stamps() -> None:

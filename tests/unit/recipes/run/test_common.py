@@ -74,9 +74,9 @@ BAD_ARGUMENTS = [
     ("scale", ["--config", "c.yaml", "--steps", "x"], "error: argument --steps: invalid int value: 'x'"),
     ("sweep", ["--config", "c.yaml", "--space", "s.yaml", "--trials", "x"],
      "error: argument --trials: invalid int value: 'x'"),
-    ("bench.cli", ["nonsense"], "error: argument command: invalid choice: 'nonsense' (choose from 'overhead', "
-                            "'checkpoint', 'chaos', 'contention', 'compression', 'gpu', 'lm', 'startup', 'stream', "
-                            "'fit')"),
+    ("bench.subcommands", ["nonsense"], "error: argument command: invalid choice: 'nonsense' (choose from "
+                                    "'overhead', 'checkpoint', 'chaos', 'contention', 'compression', 'gpu', 'lm', "
+                                    "'startup', 'stream', 'fit')"),
 ]
 
 
