@@ -3,7 +3,7 @@
 ``B_simple = tr(Sigma) / |G|^2`` is the batch size at which the gradient's noise and its signal are
 about equal: below it, doubling the batch nearly halves the steps needed; far above it, extra examples
 buy little. Estimating it needs the squared norm of the gradient at two batch sizes in the same step
-(the estimators are in :mod:`callbacks.analysis.noise_scale`), and training already computes both:
+(the estimators are in :mod:`callbacks.analysis.gradient_noise`), and training already computes both:
 
 * **several processes (DDP)**: a DDP communication hook sees each bucket's local gradient before the
   all-reduce (``B_small`` = the per-rank batch; its squared norm is averaged over ranks) and the
@@ -34,7 +34,7 @@ key                           meaning
 ``noise_scale/batch_small``   the smaller batch of the estimate (``B_small``)
 ============================  =======================================================================
 
-Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``analysis/noise_scale.py``,
+Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``analysis/gradient_noise.py``,
 ``utils/{comm_hooks,compat}.py``.
 """
 
@@ -50,7 +50,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
-from .analysis.noise_scale import NoiseScaleEMA, suggest_batch_note
+from .analysis.gradient_noise import NoiseScaleEMA, suggest_batch_note
 from .utils.comm_hooks import NoiseScaleCommHook, add_comm_hook_wrapper
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks.analysis.noise_scale import (
+from callbacks.analysis.gradient_noise import (
     NoiseScaleEMA,
     grad_sq_norm_estimate,
     suggest_batch_note,
