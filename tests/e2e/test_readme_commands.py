@@ -7,8 +7,11 @@ the documented exit code, no traceback, no line repeated more than twice, no pat
 and at most ``WARNING_BUDGET`` warning lines.
 
 The default recipe's three commands (one device, DDP, FSDP) are the session's shared full runs
-(``digits_recipe_runs``, which tests/e2e/test_fit.py checks in depth): their output is checked here as any
-command's, and the README continues from a copy of the single-device run's store and run folder.
+(``digits_recipe_runs``, which tests/e2e/test_fit.py checks in depth), each in a new interpreter as a newcomer
+starts it: their output is checked here as any command's, and the README continues from a copy of the
+single-device run's store and run folder. The other commands start as forks of the test zygote
+(``tests/forked.py``: the same process, argv, environment and output, without the library imports, which the
+shared runs pay and show, warnings included).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS_STRATEGIES, REPO, readme_env, readme_workdir
+from tests.conftest import DIGITS_STRATEGIES, REPO, readme_env, readme_workdir, run_module
 
 pytestmark = pytest.mark.e2e
 
@@ -111,8 +114,9 @@ def test_readme_command(workdir: Path, command: str, extra: list[str], code: int
         result = digits_recipe_runs[SHARED[command]][1]
         assert result.args[1:] == [*fill(command, workdir), *extra][1:]
     else:
-        result = subprocess.run([*fill(command, workdir), *extra], cwd=workdir, env=readme_env(workdir),
-                                capture_output=True, text=True, timeout=900)
+        _, flag, module, *args = fill(command, workdir)
+        assert flag == "-m", command
+        result = run_module(module, *args, *extra, cwd=workdir, env=readme_env(workdir), timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == code, output[-4000:]
     assert "Traceback" not in output, output[-4000:]
