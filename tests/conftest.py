@@ -489,11 +489,43 @@ def tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 _E2E_DIR = Path(__file__).resolve().parent / "e2e"
 
 
+def slow_tier_problems(tests: Sequence[tuple[str, str | None, bool]]) -> list[str]:
+    """What is wrong with the ``slow`` tier among collected ``(node id, covered_by, slow)`` tests.
+
+    A ``slow`` test is a variant that ``.ci/run`` leaves out because a test it runs holds the same behaviour:
+    ``covered_by`` names that test (a function's node id, or one parametrization's), which must not be slow
+    itself. Checked only where the covering test's file was collected (a run of one file checks its own).
+    """
+    ids = {nodeid: slow for nodeid, _, slow in tests}
+    files = {nodeid.split("::", 1)[0] for nodeid in ids}
+    problems = []
+    for nodeid, covered_by, slow in tests:
+        if not slow:
+            continue
+        if not covered_by:
+            problems.append(f"{nodeid}: marked slow without covered_by=")
+            continue
+        if covered_by.split("::", 1)[0] not in files:
+            continue
+        cover = [slow for other, slow in ids.items() if other == covered_by or other.startswith(covered_by + "[")]
+        if not cover:
+            problems.append(f"{nodeid}: covered_by {covered_by}, which is not a test")
+        elif all(cover):
+            problems.append(f"{nodeid}: covered_by {covered_by}, which is slow too")
+    return problems
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: the check sees every collected test
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test under tests/e2e/ is end-to-end (``pytest -m "not e2e"`` runs the unit tests alone)."""
+    """Every test under tests/e2e/ is end-to-end (``pytest -m "not e2e"`` runs the unit tests alone); every
+    ``slow`` test names a test ``.ci/run`` runs that holds its behaviour (``slow_tier_problems``)."""
     for item in items:
         if Path(str(item.fspath)).resolve().is_relative_to(_E2E_DIR):
             item.add_marker(pytest.mark.e2e)
+    tiers = [(item.nodeid, (mark.kwargs.get("covered_by") if (mark := item.get_closest_marker("slow")) else None),
+              mark is not None) for item in items]
+    if problems := slow_tier_problems(tiers):
+        raise pytest.UsageError("the slow tier:\n  " + "\n  ".join(problems))
 
 
 #: Files whose tests read the session's shared runs (``digits_recipe_runs``): one unit of work, so one worker

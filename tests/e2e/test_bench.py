@@ -195,6 +195,8 @@ def test_contention_command_json_and_table(tmp_path: Path) -> None:
         assert cell in text, cell
 
 
+@pytest.mark.slow(covered_by="tests/unit/recipes/bench/test_bench_startup.py::"
+                            "test_stamps_callback_writes_its_readings_at_the_end_of_training")
 def test_startup_command_times_a_fresh_launch_and_its_relaunch(tmp_path: Path) -> None:
     """One round: a fresh launch stopped by a drill after its first step (exit 75), the relaunch that finishes it."""
     result = _bench(tmp_path, "startup", "--rounds", "1", "--imports", "--json", "--out", str(tmp_path / "out"))

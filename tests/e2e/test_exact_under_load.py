@@ -159,7 +159,11 @@ def test_reproduce_beside_busy_work_is_identical(busy_reference: Path) -> None:
     assert "Reproduced: " in result.stdout and "metrics identical within 0" in result.stdout
 
 
-@pytest.mark.parametrize("strategy", ["single", "ddp"])
+@pytest.mark.parametrize("strategy", [
+    "single",
+    pytest.param("ddp", marks=pytest.mark.slow(
+        covered_by="tests/e2e/test_metric_history.py::test_a_sigkill_as_a_checkpoint_appears_loses_no_metric")),
+])
 def test_sigkill_past_the_checkpoint_leaves_the_history_of_an_uninterrupted_run(
         tmp_path_factory: pytest.TempPathFactory, strategy: str) -> None:
     """A real SIGKILL 14 steps past the newest checkpoint, once those steps' metrics are in the store.

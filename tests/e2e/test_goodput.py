@@ -94,6 +94,7 @@ def test_sigtermed_twice_single_device(tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "digits" / "gp" / "goodput.png").is_file()
 
 
+@pytest.mark.slow(covered_by="tests/e2e/test_goodput.py::test_sigtermed_twice_single_device")
 def test_sigtermed_twice_ddp(tmp_path: Path) -> None:
     points, output, lost = interrupted_twice(tmp_path, *DDP)
     assert lost in (DRILL - EVERY, DRILL - 23)  # 23 batches a rank: the epoch-end save may be the newest

@@ -133,6 +133,7 @@ def test_sample_from_an_fsdp_checkpoint_directory(cli: SimpleNamespace,
 
 
 # ------------------------------------------------------- its benchmark command
+@pytest.mark.slow(covered_by="tests/unit/recipes/bench/test_bench_lm.py::test_every_variant_runs_in_every_place_equally_often")
 def test_bench_lm_runs_each_variant_every_round_and_reports_their_ratios(tmp_path: Path) -> None:
     """``python -m recipes.bench lm``, tiny: the figures it reports follow from the runs it made (no speed
     figure is asserted: the lead measures on a quiet machine)."""

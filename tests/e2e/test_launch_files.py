@@ -224,6 +224,7 @@ def test_skypilot_controller_decisions_of_the_task() -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow(covered_by="tests/e2e/test_launch_files.py::test_kubernetes_job_imitated_resumes_exactly")
 def test_skypilot_preemption_imitated_resumes_exactly(reference: dict, moto_s3: S3Server, s3fs_fresh: None,
                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     task = yaml.safe_load(SKYPILOT.read_text())

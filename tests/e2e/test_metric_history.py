@@ -79,7 +79,11 @@ def test_a_sigkill_as_a_checkpoint_appears_loses_no_metric(reference: dict[str, 
     assert_same_history(reference[strategy], tmp_path)
 
 
-@pytest.mark.parametrize("strategy", ["single", "ddp"])
+@pytest.mark.parametrize("strategy", [
+    "single",
+    pytest.param("ddp", marks=pytest.mark.slow(
+        covered_by="tests/e2e/test_rank_agreement.py::test_a_notice_seen_by_one_rank_stops_all_at_one_step")),
+])
 def test_a_notice_adds_no_point_at_its_step(reference: dict[str, Path], tmp_path: Path, strategy: str) -> None:
     """A notice at step 33 (off the logging cadence of 10 steps), then the relaunch: the history is the reference's."""
     args = (*BASE, *STRATEGIES[strategy], "--run_name", "h", "--spot.drill_steps", json.dumps([33]))

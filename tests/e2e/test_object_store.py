@@ -50,6 +50,8 @@ def machine_env(workdir: Path, s3: S3Server, tracking_uri: str | None = None) ->
     return env
 
 
+@pytest.mark.slow(covered_by="tests/e2e/test_team_server.py::"
+                            "test_spot_run_resumes_on_a_wiped_machine_then_compare_promote_reproduce")
 def test_relaunch_on_a_new_machine_resumes_from_the_bucket_exactly(
         moto_s3: S3Server, mlflow_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bucket = moto_s3.make_bucket("atscale-e2e")

@@ -106,7 +106,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return get
 
 
-@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("world", [
+    pytest.param(3, marks=pytest.mark.slow(covered_by="tests/e2e/test_resume_many_ranks.py::"
+                                                      "test_ddp_resume_is_bitwise_at_3_and_4_ranks[4]")),
+    4,
+])
 def test_ddp_resume_is_bitwise_at_3_and_4_ranks(reference: Any, tmp_path: Path, world: int) -> None:
     """A fire drill (a real SIGTERM) at step 5, mid-epoch; the relaunch runs to the end of epoch 2."""
     codes = relaunch_until_done(tmp_path, *launcher(world), "--spot.drill_steps", "[5]", "--run_name", "cut")
@@ -159,6 +163,7 @@ def wait_all(agents: list[subprocess.Popen], timeout: float) -> list[int]:
                 agent.wait()
 
 
+@pytest.mark.slow(covered_by="tests/e2e/test_multinode.py::test_torchrun_two_nodes_make_one_mlflow_run_and_one_checkpoint")
 def test_torchrun_two_agents_of_two_resume_bitwise(reference: Any, tmp_path: Path) -> None:
     """A SIGTERM to both agents mid-epoch 0, as a scheduler stops a job; the same command again finishes it.
 

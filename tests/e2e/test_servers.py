@@ -97,6 +97,8 @@ def test_start_process_reports_log_tail_when_server_dies(tmp_path: Path) -> None
         start_process(cmd, {**os.environ}, log, f"http://127.0.0.1:{free_port()}/", timeout=30)
 
 
+@pytest.mark.slow(covered_by="tests/e2e/test_team_server.py::"
+                            "test_the_server_keeps_runs_in_postgres_and_artifacts_in_the_bucket")
 def test_mlflow_server_proxies_artifacts_into_moto(moto_s3: S3Server, mlflow_server, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import boto3

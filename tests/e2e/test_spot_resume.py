@@ -90,7 +90,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # seeded-random training steps, plus a stop during the validation of epoch 1
     ("single", (), sorted(random.Random(0).sample(range(1, STEPS_PER_EPOCH * EPOCHS - 1), 2))),
     # under DDP one of them at the last batch of epoch 0 (23 batches a rank): its validation still runs
-    ("ddp", DDP, [random.Random(1).randrange(1, 23), 23]),
+    pytest.param("ddp", DDP, [random.Random(1).randrange(1, 23), 23], marks=pytest.mark.slow(
+        covered_by="tests/e2e/test_resume_many_ranks.py::test_ddp_resume_is_bitwise_at_3_and_4_ranks[4]")),
 ])
 def test_interrupted_run_is_bitwise_identical(reference: dict, tmp_path: Path, strategy: str, extra: tuple,
                                               drills: list[int]) -> None:

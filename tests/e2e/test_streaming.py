@@ -183,7 +183,12 @@ def index_digest_of(url: str, s3: S3Server) -> str:
         return index_digest(url)
 
 
-@pytest.mark.parametrize(("before", "after", "stop"), [("2", "1", 4), ("1", "2", 5)])
+@pytest.mark.parametrize(("before", "after", "stop"), [
+    # shrinking, in memory too: tests/e2e/test_elastic.py
+    pytest.param("2", "1", 4, marks=pytest.mark.slow(
+        covered_by="tests/e2e/test_elastic.py::test_ddp_two_processes_resumed_on_one")),
+    ("1", "2", 5),
+])
 def test_other_world_size_trains_each_sample_once(dataset: str, moto_s3: S3Server,
                                                    split: collections.Counter, tmp_path: Path, before: str,
                                                    after: str, stop: int) -> None:

@@ -98,6 +98,7 @@ def test_the_server_keeps_runs_in_postgres_and_artifacts_in_the_bucket(team_serv
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.slow(covered_by="tests/e2e/test_sweep.py::test_two_processes_share_one_postgresql_study_without_duplicating_trials")
 def test_sweep_on_the_team_server(team_server: TeamServer, tmp_path: Path) -> None:
     result = tool(tmp_path, team_server, "recipes.scale", "--config", str(CONFIGS / "digits.yaml"),
                   "--devices", "1,2", "--steps", "6", "--warmup", "2", "--experiment", "team-sweep",

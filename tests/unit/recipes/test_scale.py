@@ -26,6 +26,7 @@ def _scale(workdir: Path, *args: str, timeout: float = 900) -> subprocess.Comple
 
 
 @pytest.mark.e2e
+@pytest.mark.slow(covered_by="tests/e2e/test_readme_commands.py::test_readme_command")  # its `recipes.scale` line
 @pytest.mark.timeout(900)
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPU cores for the 2-process run")
 def test_sweep_on_one_and_two_processes(tmp_path: Path) -> None:
