@@ -260,7 +260,7 @@ def test_the_system_metrics_sampler_has_a_switch(fit_in_process, tmp_path, monke
     monkeypatch.setattr(AtscaleCLI, "_start_system_metrics",
                         staticmethod(lambda run_id, resume: calls.append(resume)))
     result = fit_in_process("--config", str(CONFIGS / "digits.yaml"), *FAST, "--log_model", "false",
-                            "--run_name", "s", *flag)
+                            "--trainer.max_epochs", "1", "--run_name", "s", *flag)
     assert result.returncode == 0, result.stderr[-3000:]
     assert calls == ([False] if started else [])
     (run,) = runs_of(tmp_path, "digits")
