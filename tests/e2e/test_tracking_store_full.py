@@ -104,9 +104,13 @@ def test_a_full_store_is_one_line_exit_1_and_the_relaunch_restores_every_point(
     assert "relaunch the same command to resume" in line
     assert "atscale run — finished" not in first.stdout
     if when == "filled_by_another":
-        assert run_status(store) == "RUNNING"
-        assert line.endswith("its MLflow run's status could not be written either (it shows RUNNING until the "
-                             "relaunch)"), line
+        # mostly the status cannot be written either, and the line says so; once in CI the failed writes' own
+        # pages (the rollback journal) were freed first and FAILED fitted: either way, the line is the store's truth
+        unwritten = ("its MLflow run's status could not be written either (it shows RUNNING until the "
+                     "relaunch)")
+        status = run_status(store)
+        assert status in ("RUNNING", "FAILED"), status
+        assert line.endswith(unwritten) == (status == "RUNNING"), (status, line)
         (store / "filler").unlink()  # space freed
     else:
         assert run_status(store) == "FAILED"
