@@ -12,7 +12,7 @@ modules (``recipes``, ``callbacks``, ``datamodules``) are imported fresh in each
 A launch uses the zygote only when nothing that libraries read at import time differs from the zygote's
 (``same_import_environment``: OpenMP's thread count and wait policy, ``PYTHON*``, ``TORCH*``, ...);
 otherwise, and for any caller that asks for a real interpreter, it starts one (``subprocess``). Real
-interpreter starts stay covered: every README command, the DDP ranks Lightning's launcher starts, the
+interpreter starts stay covered: the README's default-recipe runs, the DDP ranks Lightning's launcher starts, the
 launch-file tests (bash, torchrun, SLURM scripts) and the tests that change threads or load.
 
 No library does this for arbitrary modules with pass-through file descriptors and exit statuses
