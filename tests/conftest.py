@@ -507,7 +507,7 @@ def slow_tier_problems(tests: Sequence[tuple[str, str | None, bool]]) -> list[st
             continue
         if covered_by.split("::", 1)[0] not in files:
             continue
-        cover = [slow for other, slow in ids.items() if other == covered_by or other.startswith(covered_by + "[")]
+        cover = [is_slow for other, is_slow in ids.items() if other == covered_by or other.startswith(covered_by + "[")]
         if not cover:
             problems.append(f"{nodeid}: covered_by {covered_by}, which is not a test")
         elif all(cover):
