@@ -48,6 +48,9 @@ ONE = ("--trainer.devices", "1", "--trainer.strategy", "auto")
 class DropBucket(Callback):
     """Delete every object of ``bucket`` and the bucket itself once training passes ``step`` (a store that goes away).
 
+    One deleter, global rank 0: the bucket going away is one event for the world, and two ranks deleting it raced
+    (the second's delete met NoSuchBucket and ended its rank with a traceback, exit 1: seen once in CI).
+
     ``marker`` is written first, so the relaunch (the same command) trains on with the bucket put back.
 
     Args:
@@ -61,7 +64,7 @@ class DropBucket(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self.marker.exists() or trainer.global_step < self.step:
+        if not trainer.is_global_zero or self.marker.exists() or trainer.global_step < self.step:
             return
         self.marker.write_text(str(trainer.global_step))
         import boto3
