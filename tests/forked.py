@@ -42,15 +42,19 @@ from typing import IO, Any
 
 #: Imported once by the zygote, in the order ``python -m recipes.fit`` first imports them (some configure logging
 #: on import: the order decides who adds the handler), minus the project. Not ``mlflow.pytorch``: it imports
-#: ``pytorch_lightning`` and configures the root logger, which a launch that logs no model never does.
+#: ``pytorch_lightning`` and configures the root logger, which a launch that logs no model never does. The last
+#: four come later in every fit (Lightning's checkpoint-path check imports s3fs, MLflow's run context GitPython and
+#: IPython, the baselines scikit-learn's linear models): about 0.4 CPU-seconds a launch.
 PRELOAD = ("mlflow", "torch", "torch._dynamo", "jsonargparse", "lightning.fabric", "lightning.pytorch",
            "lightning.pytorch.cli", "lightning.pytorch.loggers", "torchmetrics", "torchvision", "rich.console",
-           "rich.table", "scipy.stats", "sklearn.metrics", "mlflow.store.tracking.sqlalchemy_store")
+           "rich.table", "scipy.stats", "sklearn.metrics", "mlflow.store.tracking.sqlalchemy_store",
+           "s3fs", "git", "IPython", "sklearn.linear_model")
 
 #: Environment read by libraries while they are imported (or by the interpreter at start): a launch whose
 #: value differs from the zygote's gets a real interpreter.
 IMPORT_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH", "PYTORCH", "PYTHON", "LD_",
-                        "CUDA", "NCCL", "MPLBACKEND", "MPLCONFIGDIR", "HOME", "PATH", "VIRTUAL_ENV", "TMPDIR")
+                        "CUDA", "NCCL", "MPLBACKEND", "MPLCONFIGDIR", "HOME", "PATH", "VIRTUAL_ENV", "TMPDIR",
+                        "GIT_PYTHON_", "S3FS_")
 #: ...except these, which the interpreter reads per process and the child sets itself.
 PER_PROCESS = ("PYTHONUNBUFFERED", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
 

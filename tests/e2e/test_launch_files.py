@@ -49,6 +49,7 @@ from tests.conftest import (
     final_weights,
     free_port,
     remote_final_weights,
+    run_fit,
     runs_of,
     seed_mlflow_db,
 )
@@ -141,10 +142,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The launch files' recipe (digits, TINY), one process, never interrupted: its final weights."""
     workdir = machine(tmp_path_factory.mktemp("reference") / "m")
     seed_mlflow_db(workdir)
-    result = subprocess.run([sys.executable, "-m", "recipes.fit", "--config", "configs/digits.yaml", *TINY,
-                             "--run_name", "ref", "--log_model", "false"], cwd=workdir,
-                            env=base_env(f"sqlite:///{workdir / 'mlflow.db'}"), capture_output=True, text=True,
-                            timeout=900)
+    result = run_fit(workdir, "--config", "configs/digits.yaml", *TINY, "--run_name", "ref", "--log_model", "false",
+                     # this session's PATH: nothing here runs a shell script, and a launch forks from the zygote
+                     env=base_env(f"sqlite:///{workdir / 'mlflow.db'}", PATH=os.environ.get("PATH", "")), timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     return final_weights(workdir, "ref")
 
@@ -490,6 +490,7 @@ _FAKE_SCONTROL = textwrap.dedent("""\
 
 
 @pytest.mark.e2e
+@pytest.mark.slow(covered_by="tests/e2e/test_launch_files.py::test_kubernetes_job_imitated_resumes_exactly")
 def test_slurm_requeue_imitated_resumes_exactly(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -16,7 +16,7 @@ import torch
 from callbacks.spot import CHECKPOINT_PATTERN
 from callbacks.storage import ckpt_store
 from datamodules.digits import DigitsDataModule
-from tests.conftest import CONFIGS, FAST, cli_env, free_port, runs_of
+from tests.conftest import CONFIGS, FAST, cli_env, free_port, run_fit, runs_of
 from tests.sample_trace import epoch_counts, split_counts
 
 
@@ -133,8 +133,7 @@ def test_a_node_without_the_checkpoint_ends_the_job_at_start_up(tmp_path: Path) 
     env = cli_env(node_dirs[0])  # one tracking store for the job, as a team's server would be
     digits = ["-m", "recipes.fit", "--config", str(CONFIGS / "digits.yaml"), "--run_name", "split", *FAST,
               "--log_model", "false", "--system_metrics", "false"]
-    first = subprocess.run([sys.executable, *digits, "--trainer.max_steps", "3"], cwd=node_dirs[0], env=env,
-                           capture_output=True, text=True, timeout=300)
+    first = run_fit(node_dirs[0], *digits[2:], "--trainer.max_steps", "3", env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     port = free_port()
     nodes = []
@@ -171,8 +170,7 @@ def test_srun_tasks_that_would_start_apart_stop_together(tmp_path: Path) -> None
     env = cli_env(node_dirs[0])  # one tracking store for the job
     digits = ["-m", "recipes.fit", "--config", str(CONFIGS / "digits.yaml"), "--run_name", "apart", *FAST,
               "--log_model", "false", "--system_metrics", "false"]
-    first = subprocess.run([sys.executable, *digits, "--trainer.max_steps", "3"], cwd=node_dirs[0], env=env,
-                           capture_output=True, text=True, timeout=300)
+    first = run_fit(node_dirs[0], *digits[2:], "--trainer.max_steps", "3", env=env, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "atscale-digits", "SLURM_NTASKS": "2",
              "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -476,8 +475,7 @@ def test_a_model_half_logged_by_a_killed_launch_is_marked_failed_by_the_relaunch
     args = ("--config", DIGITS, *FAST, "--run_name", "m", "--trainer.max_steps", "3")
     env = cli_env(tmp_path)
     client = client_for(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "recipes.fit", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_fit(tmp_path, *args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pending = []
     try:
         deadline = time.monotonic() + 240
