@@ -458,6 +458,21 @@ def readme_workdir(path: Path) -> Path:
     return path
 
 
+class MadeOnFirstUse(dict):
+    """``runs[name]``: a module's reference runs, each made by ``make(name)`` the first time a test asks for it.
+
+    A reference only ``slow`` tests read is then never made by a ``.ci/run`` that leaves them out.
+    """
+
+    def __init__(self, make: Callable[[str], Path]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, name: str) -> Path:
+        self[name] = self._make(name)
+        return self[name]
+
+
 @pytest.fixture(scope="session")
 def digits_recipe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
     """The default recipe's full runs, one per strategy, each in a folder of its own, made once a session.

@@ -150,6 +150,7 @@ def test_sigterms_beside_busy_work_resume_bitwise(busy_reference: Path, tmp_path
 
 
 @pytest.mark.serial
+@pytest.mark.slow(covered_by="tests/e2e/test_exact_under_load.py::test_sigterms_beside_busy_work_resume_bitwise")
 def test_reproduce_beside_busy_work_is_identical(busy_reference: Path) -> None:
     env = unpinned_env(busy_reference)
     run_id = run_id_of(busy_reference)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from callbacks.spot import REQUEUE_EXIT_CODE
-from tests.conftest import CONFIGS, FAST, client_for, run_fit, runs_of, start_fit
+from tests.conftest import CONFIGS, FAST, MadeOnFirstUse, client_for, run_fit, runs_of, start_fit
 from tests.e2e.test_exact_under_load import history, wall_clock
 
 pytestmark = pytest.mark.timeout(900, func_only=True)
@@ -32,13 +32,14 @@ STRATEGIES = {"single": (), "ddp": DDP}
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for name, extra in STRATEGIES.items():
+def reference(tmp_path_factory: pytest.TempPathFactory) -> MadeOnFirstUse:
+    """Uninterrupted runs per strategy (``STRATEGIES``), each made when first read."""
+    def make(name: str) -> Path:
         workdir = tmp_path_factory.mktemp(f"history-ref-{name}")
-        run_fit(workdir, *BASE, *extra, "--run_name", "h", check=True)
-        out[name] = workdir
-    return out
+        run_fit(workdir, *BASE, *STRATEGIES[name], "--run_name", "h", check=True)
+        return workdir
+
+    return MadeOnFirstUse(make)
 
 
 def assert_same_history(expected_dir: Path, got_dir: Path) -> None:
@@ -68,7 +69,8 @@ def kill_when_published(workdir: Path, args: tuple[str, ...], name: str) -> None
 @pytest.mark.parametrize(("strategy", "checkpoint"), [
     ("single", "step=00000020.ckpt"),  # mid-epoch: steps 9 and 19 logged, maybe in MLflow's buffer
     ("single", "step=00000045.ckpt"),  # the epoch's end: its validation logged just before
-    ("ddp", "step=00000023.ckpt"),     # DDP's epoch end (23 batches a rank)
+    pytest.param("ddp", "step=00000023.ckpt", marks=pytest.mark.slow(  # DDP's epoch end (23 batches a rank)
+        covered_by="tests/e2e/test_metric_history.py::test_a_sigkill_as_a_checkpoint_appears_loses_no_metric")),
 ])
 def test_a_sigkill_as_a_checkpoint_appears_loses_no_metric(reference: dict[str, Path], tmp_path: Path,
                                                            strategy: str, checkpoint: str) -> None:

@@ -52,7 +52,7 @@ _SKEWED_DDP_AUTO = ("tests/e2e/test_rank_agreement.py::"
 
 @pytest.mark.parametrize(("strategy", "world", "interval"), [
     pytest.param("ddp", 4, ("--spot.every_minutes", "0.002"), marks=pytest.mark.slow(covered_by=_SKEWED_DDP_AUTO)),
-    ("fsdp", 4, ("--spot.every_minutes", "0.002")),
+    pytest.param("fsdp", 4, ("--spot.every_minutes", "0.002"), marks=pytest.mark.slow(covered_by=_SKEWED_DDP_AUTO)),
     ("ddp", 4, ("--spot.every_minutes", "auto", "--spot.interruption_rate", "0.9", "--spot.rate_period_h", "0.002")),
     pytest.param("ddp", 2, ("--spot.every_minutes", "0.002"), marks=pytest.mark.slow(covered_by=_SKEWED_DDP_AUTO)),
 ])

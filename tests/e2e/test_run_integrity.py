@@ -93,8 +93,16 @@ def stderr_lines(result: subprocess.CompletedProcess | CliResult) -> list[str]:
 
 
 # ----------------------------------------------------------------- 1. kills before the first checkpoint
+_KILLED_BEFORE_FIRST_CHECKPOINT = ("tests/e2e/test_run_integrity.py::"
+                                   "test_kill_after_run_creation_before_first_checkpoint_keeps_one_run")
+
+
 @pytest.mark.parametrize(("strategy", "sig"), [
-    ("single", signal.SIGKILL), ("single", signal.SIGTERM), ("ddp", signal.SIGKILL), ("ddp", signal.SIGTERM),
+    ("single", signal.SIGKILL),
+    pytest.param("single", signal.SIGTERM,
+                 marks=pytest.mark.slow(covered_by=f"{_KILLED_BEFORE_FIRST_CHECKPOINT}[single-9]")),
+    ("ddp", signal.SIGKILL),
+    pytest.param("ddp", signal.SIGTERM, marks=pytest.mark.slow(covered_by=f"{_KILLED_BEFORE_FIRST_CHECKPOINT}[ddp-9]")),
 ])
 def test_kill_after_run_creation_before_first_checkpoint_keeps_one_run(tmp_path: Path, strategy: str,
                                                                        sig: int) -> None:

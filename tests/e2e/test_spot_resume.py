@@ -23,6 +23,7 @@ from callbacks.storage import ckpt_store
 from tests.conftest import (
     CONFIGS,
     FAST,
+    MadeOnFirstUse,
     assert_bitwise_equal,
     cli_env,
     client_for,
@@ -76,14 +77,15 @@ def relaunch_until_done(workdir: Path, *args: str, max_launches: int = 6) -> lis
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Uninterrupted runs, one device and DDP."""
-    out = {}
-    for name, extra in (("single", ()), ("ddp", DDP)):
+def reference(tmp_path_factory: pytest.TempPathFactory) -> MadeOnFirstUse:
+    """Uninterrupted runs, one device (``single``) and DDP (``ddp``), each made when first read."""
+    def make(name: str) -> Path:
         workdir = tmp_path_factory.mktemp(f"ref-{name}")
-        run_fit(workdir, *BASE, *extra, "--run_name", "ref", check=True, timeout=REFERENCE_TIMEOUT_S)
-        out[name] = workdir
-    return out
+        run_fit(workdir, *BASE, *{"single": (), "ddp": DDP}[name], "--run_name", "ref", check=True,
+                timeout=REFERENCE_TIMEOUT_S)
+        return workdir
+
+    return MadeOnFirstUse(make)
 
 
 @pytest.mark.parametrize(("strategy", "extra", "drills"), [

@@ -155,6 +155,7 @@ def test_prepare_names_the_dataset_and_refuses_another(dataset: str, moto_s3: S3
     assert moto_s3.env["AWS_SECRET_ACCESS_KEY"] not in out.out + out.err
 
 
+@pytest.mark.slow(covered_by="tests/e2e/test_streaming.py::test_bucket_gone_mid_run_ends_in_one_line_and_resumes")
 def test_sigkill_mid_epoch_resumes_bitwise(dataset: str, moto_s3: S3Server, reference: Path,
                                            split: collections.Counter, tmp_path: Path) -> None:
     """Killed at step 14 (epoch 1, past the checkpoint of step 12): the relaunch ends equal to the reference."""

@@ -32,6 +32,7 @@ def _vote(rank: int, port: int, out: str) -> None:
 
 
 @pytest.mark.e2e  # four spawned interpreters: about 10 s on a quiet machine
+@pytest.mark.slow(covered_by="tests/e2e/test_rank_agreement.py::test_a_notice_seen_by_one_rank_stops_all_at_one_step")
 def test_four_ranks_decide_the_same_thing(tmp_path: Path) -> None:
     mp.start_processes(_vote, args=(free_port(), str(tmp_path)), nprocs=WORLD, start_method="spawn")
     outcomes = {Path(tmp_path, str(rank)).read_text() for rank in range(WORLD)}
