@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
-import mlflow
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import MLFlowLogger
 from typing_extensions import override
 
 if TYPE_CHECKING:
+    import mlflow
     from lightning.pytorch import Trainer
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,8 @@ class LogModel(Callback):
         if example is not None and example.shape[0] == 1:
             # torch.export specializes a batch dimension of size 1: show it a batch of 2 to keep it dynamic
             example = torch.cat([example, example])
+        import mlflow  # here, not at the top: the other ranks never log a model, and never import MLflow
+
         mlflow.set_tracking_uri(logger.experiment.tracking_uri)  # the logger's store (its MlflowClient's), on rank 0
         info = self._log(model, logger.run_id, example)
         self.model_uri = info.model_uri
@@ -170,6 +172,8 @@ class LogModel(Callback):
         return [m.model_id for m in pending]
 
     def _log(self, model: torch.nn.Module, run_id: str, example: torch.Tensor | None) -> Any:
+        import mlflow
+
         client = mlflow.MlflowClient()
         status = client.get_run(run_id).info.status
         self.discard_pending(client, run_id)
@@ -192,6 +196,8 @@ class LogModel(Callback):
         if example is None:
             raise ValueError("LogModel: a classifier is served with an input example; the datamodule has no "
                              "example_input().")
+        import mlflow
+
         requirements = [*mlflow.pytorch.get_default_pip_requirements(), f"mlflow=={mlflow.__version__}"]
         with tempfile.TemporaryDirectory() as tmp:
             network = Path(tmp) / "network"

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mlflow
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -373,6 +372,8 @@ class AtscaleCLI(LightningCLI):
         run_id: str | None = None  # once the MLflow run exists (rank zero): whatever stops the launch ends it
         self._prepare_data()
         if logger is not None and self.trainer.is_global_zero:
+            import mlflow  # global rank 0 alone: the other ranks never import MLflow
+
             mlflow.set_tracking_uri(ctx.tracking_uri)
             tracking.ensure_experiment(mlflow.MlflowClient(ctx.tracking_uri), ctx.experiment)  # races tolerated
         try:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mlflow
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -24,6 +23,9 @@ from recipes.run.compat import MODEL_CHECKPOINT_BEST_K_KEY, MODEL_CHECKPOINT_PAT
 from recipes.run.context import flatten
 from recipes.run.tracking import redact
 
+if TYPE_CHECKING:
+    import mlflow
+
 log = logging.getLogger(__name__)
 
 
@@ -36,7 +38,9 @@ def log_params_once(client: mlflow.MlflowClient, run_id: str, params: dict[str, 
     existing = client.get_run(run_id).data.params
     new = {k: v for k, v in params.items() if k not in existing}
     changed = [k for k, v in params.items() if k in existing and existing[k] != v]
-    items = [mlflow.entities.Param(k, v) for k, v in new.items()]
+    from mlflow.entities import Param  # global rank 0 alone: the other ranks never import MLflow
+
+    items = [Param(k, v) for k, v in new.items()]
     for start in range(0, len(items), 100):
         client.log_batch(run_id, params=items[start:start + 100])
     for key in changed:

@@ -39,6 +39,10 @@ upgrade breaks it. Checked against CPython 3.11-3.12, lightning 2.6 and mlflow 3
   them, and a sweep hands a stale trial back to WAITING as itself (``recipes/sweep/study.py``).
 - :class:`HelpFormatter`: argparse's ``HelpFormatter._get_help_string``, the one hook that decides whether an
   option's help says its default (argparse documents its formatter classes' names, not their methods).
+- :func:`init_mlflow_logger_without_client`: what ``MLFlowLogger.__init__`` sets, without the MLflow client it also
+  builds on every rank (importing MLflow: about 1.6 CPU-seconds a process) though only global rank 0 uses one
+  (``experiment`` is ``rank_zero_experiment``, the ``log_*`` methods ``rank_zero_only``); Lightning offers no
+  lazy client. The attributes are Lightning's private ones.
 """
 
 from __future__ import annotations
@@ -62,6 +66,33 @@ def system_metrics_monitor(run_id: str, **kwargs: Any) -> Any:
     except ImportError:  # psutil missing
         return None
     return SystemMetricsMonitor(run_id, **kwargs)
+
+
+def init_mlflow_logger_without_client(logger: Any, experiment_name: str = "lightning_logs", run_name: str | None = None,
+                                      tracking_uri: str | None = None, tags: dict[str, Any] | None = None,
+                                      save_dir: str | None = "./mlruns", log_model: Any = False, prefix: str = "",
+                                      artifact_location: str | None = None, run_id: str | None = None,
+                                      synchronous: bool | None = None) -> None:
+    """``MLFlowLogger.__init__(logger, ...)`` (same arguments, Lightning 2.6) but with no MLflow client and no MLflow
+    import: the logger of a rank other than global rank 0."""
+    from lightning.pytorch.loggers.logger import Logger
+    from lightning.pytorch.loggers.mlflow import LOCAL_FILE_URI_PREFIX
+
+    Logger.__init__(logger)
+    logger._experiment_name = experiment_name
+    logger._experiment_id = None
+    logger._tracking_uri = tracking_uri or f"{LOCAL_FILE_URI_PREFIX}{save_dir}"
+    logger._run_name = run_name
+    logger._run_id = run_id
+    logger.tags = tags
+    logger._log_model = log_model
+    logger._logged_model_time = {}
+    logger._checkpoint_callback = None
+    logger._prefix = prefix
+    logger._artifact_location = artifact_location
+    logger._log_batch_kwargs = {} if synchronous is None else {"synchronous": synchronous}
+    logger._initialized = False
+    logger._mlflow_client = None
 
 
 def set_model_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:

@@ -171,6 +171,27 @@ def test_mlflow_tracking_client_logger_is_the_one_that_module_logs_to() -> None:
         "compat.MLFLOW_TRACKING_CLIENT_LOGGER: MLflow's tracking client moved or logs elsewhere"
 
 
+@pytest.mark.parametrize("kwargs", [
+    {},  # Lightning's defaults (MLflow refuses a client on the file store: a database store is given)
+    {"experiment_name": "e", "run_name": "r", "tags": {"k": "v"}, "log_model": True, "prefix": "p",
+     "artifact_location": "s3://b/a", "run_id": "0" * 32, "synchronous": False},
+])
+def test_an_mlflow_logger_without_client_holds_what_lightnings_init_sets(tmp_path: Path, kwargs: dict) -> None:
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    kwargs = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", **kwargs}
+    lightnings = MLFlowLogger(**kwargs)
+    ours = MLFlowLogger.__new__(MLFlowLogger)
+    compat.init_mlflow_logger_without_client(ours, **kwargs)
+    assert list(inspect.signature(MLFlowLogger.__init__).parameters)[1:] == \
+        list(inspect.signature(compat.init_mlflow_logger_without_client).parameters)[1:], \
+        "compat.init_mlflow_logger_without_client: MLFlowLogger.__init__'s arguments changed"
+    expected = {k: v for k, v in vars(lightnings).items() if k != "_mlflow_client"}
+    assert {k: v for k, v in vars(ours).items() if k != "_mlflow_client"} == expected, \
+        "compat.init_mlflow_logger_without_client: MLFlowLogger.__init__ sets other attributes now"
+    assert ours._mlflow_client is None and ours.save_dir == lightnings.save_dir
+
+
 def test_set_model_parallel_sizes_sets_what_model_parallel_strategy_resolves() -> None:
     from lightning.pytorch.strategies import ModelParallelStrategy
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
+import pytest
 
 from recipes.run.resumable_logger import ResumableMLFlowLogger
+from tests.conftest import REPO
 
 # what an uninterrupted run logs: (step, metrics); "epoch" twice at step 2 (a train and a validation log)
 SEQUENCE = [(0, {"baseline/acc": 0.1}), (1, {"train/loss": 2.0, "epoch": 0.0}), (2, {"train/loss": 1.5, "epoch": 0.0}),
@@ -97,3 +102,36 @@ def test_restore_logs_only_the_points_the_store_lacks(tmp_path: Path) -> None:
     reference = ResumableMLFlowLogger(experiment_name="e", tracking_uri=uri)
     log(reference, SEQUENCE)
     assert points(uri, first.run_id) == points(uri, reference.run_id)
+
+
+# A rank Lightning's launcher starts (LOCAL_RANK 1), then global rank 0: what the CLI imports and the logger it makes
+_RANK_PROBE = """
+import os, sys
+import recipes.run.cli  # the CLI, with every callback it adds
+from recipes.run.resumable_logger import ResumableMLFlowLogger
+
+def make():
+    return ResumableMLFlowLogger(experiment_name="e", run_name="r", tracking_uri=sys.argv[1], run_id=None,
+                                 tags={"k": "v"}, synchronous=False, restore=[])
+
+def mlflow_imported():
+    return any(m == "mlflow" or m.startswith("mlflow.") for m in sys.modules)
+
+other = make()
+other.log_metrics({"train/loss": 1.0}, step=1)  # Lightning's rank_zero_only: nothing on a rank other than 0
+print(other.version, other.save_dir, mlflow_imported())
+os.environ["LOCAL_RANK"] = "0"
+make()
+print(mlflow_imported())
+"""
+
+
+@pytest.mark.e2e  # a new interpreter that imports torch and Lightning
+def test_a_rank_other_than_0_neither_imports_mlflow_nor_makes_a_client(tmp_path: Path) -> None:
+    """Only global rank 0 writes to the store; each other rank's interpreter skips MLflow (about 1.6 CPU-s)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "SLURM_PROCID")}
+    env.update(LOCAL_RANK="1", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", _RANK_PROBE, f"sqlite:///{tmp_path / 'mlflow.db'}"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["None", "None", "False", "True"], out.stdout
