@@ -479,14 +479,17 @@ def digits_recipe_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tu
 
     Each is the README's command as shown (20 epochs) plus ``--run_name <strategy>``, run as the README test runs
     its commands; tests/e2e/test_fit.py checks what each run left, tests/e2e/test_readme_commands.py checks the
-    commands' output and continues the README from the single-device run.
+    commands' output and continues the README from the single-device run. The single-device run is a new
+    interpreter, whose output shows what importing the libraries prints; the DDP and FSDP launches fork from the
+    zygote (their second rank, started by Lightning's launcher, is a new interpreter all the same).
     """
     out = {}
     for name, command in DIGITS_STRATEGIES.items():
         workdir = readme_workdir(tmp_path_factory.mktemp(f"digits-{name}"))
-        argv = [sys.executable, *command.split()[1:], "--run_name", name]
-        out[name] = (workdir, subprocess.run(argv, cwd=workdir, env=readme_env(workdir), capture_output=True,
-                                             text=True, timeout=900))
+        _, flag, module, *args = command.split()
+        assert flag == "-m", command
+        out[name] = (workdir, run_module(module, *args, "--run_name", name, cwd=workdir, env=readme_env(workdir),
+                                         timeout=900, real=name == "single"))
     return out
 
 

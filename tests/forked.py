@@ -23,6 +23,7 @@ grandchildren), hence these hundred lines.
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import os
@@ -72,6 +73,10 @@ def _serve(path: str) -> dict[str, Any]:
     """Preload, then fork a child per request; returns (in the child only) the request it must run."""
     for name in PRELOAD:
         importlib.import_module(name)
+    # the preloaded objects leave the garbage collector's generations: a child's collections neither walk them nor
+    # touch (copy-on-write) their pages
+    gc.collect()
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)

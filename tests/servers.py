@@ -282,8 +282,9 @@ def start_mlflow_server(s3: S3Server, bucket: str, workdir: Path, backend_store_
                 "--backend-store-uri", backend, "--serve-artifacts",
                 "--artifacts-destination", f"s3://{bucket}/mlartifacts", "--workers", str(workers)]
 
-    return _start_with_port(cmd, "/health", clean_env(**s3.env), workdir / "mlflow-server.log", timeout=timeout,
-                            cwd=workdir)
+    # no job runner: MLflow's GenAI jobs (a huey consumer process per server, ~4 CPU-s to start) serve nothing here
+    env = clean_env(**s3.env, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    return _start_with_port(cmd, "/health", env, workdir / "mlflow-server.log", timeout=timeout, cwd=workdir)
 
 
 @pytest.fixture

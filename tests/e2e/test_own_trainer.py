@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,8 @@ import mlflow
 import pytest
 
 from callbacks.storage import ckpt_store
-from tests.conftest import REPO, assert_bitwise_equal, cli_env, final_weights
+from tests.conftest import REPO, assert_bitwise_equal, cli_env, final_weights, start_module
+from tests.forked import ForkedProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -37,9 +37,10 @@ def workdir(root: Path) -> tuple[Path, dict[str, str]]:
     return root, cli_env(root, OMP_NUM_THREADS="1")  # one thread count for every launch: exact resume
 
 
-def launch(root: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "train.py"], cwd=root, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def launch(root: Path, env: dict[str, str]) -> subprocess.Popen | ForkedProcess:
+    """``python train.py`` in ``root`` (a fork of the session's zygote where the environment allows)."""
+    return start_module("train", cwd=root, env=env, script=root / "train.py", stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)
 
 
 def test_the_page_script_resumes_exactly_and_tracks_one_run(tmp_path: Path) -> None:

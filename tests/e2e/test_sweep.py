@@ -83,21 +83,21 @@ def parent_run(workdir: Path, name: str) -> mlflow.entities.Run:
     return runs[0]
 
 
-def test_six_trial_sweep_finishes_with_six_child_runs_and_a_best_trial_that_promote_registers(
+def test_four_trial_sweep_finishes_with_four_child_runs_and_a_best_trial_that_promote_registers(
         tmp_path: Path) -> None:
     write_space(tmp_path, **{WIDTH: [16, 32]})
-    result = run_sweep(tmp_path, "six", 6, "--parallel", "2", "--pruner", "none", "--trainer.max_epochs", "1")
-    study = study_of(tmp_path, "six")
+    result = run_sweep(tmp_path, "four", 4, "--parallel", "2", "--pruner", "none", "--trainer.max_epochs", "1")
+    study = study_of(tmp_path, "four")
     trials = study.get_trials()
-    assert [t.number for t in trials] == [0, 1, 2, 3, 4, 5]
-    assert [t.state for t in trials] == [TrialState.COMPLETE] * 6
-    runs = trial_runs(tmp_path, "six")
-    assert sorted(runs) == [0, 1, 2, 3, 4, 5] and all(len(r) == 1 for r in runs.values())
-    parent = parent_run(tmp_path, "six")
+    assert [t.number for t in trials] == [0, 1, 2, 3]  # two waves of two parallel trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    runs = trial_runs(tmp_path, "four")
+    assert sorted(runs) == [0, 1, 2, 3] and all(len(r) == 1 for r in runs.values())
+    parent = parent_run(tmp_path, "four")
     for number, (run,) in runs.items():
         trial = study.trials[number]
         assert run.info.status == "FINISHED"
-        assert run.info.run_name == f"six-t{number:03d}"
+        assert run.info.run_name == f"four-t{number:03d}"
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert run.data.tags["sweep.state"] == "COMPLETE"
         assert float(run.data.params[LR]) == trial.params[LR]
@@ -108,14 +108,14 @@ def test_six_trial_sweep_finishes_with_six_child_runs_and_a_best_trial_that_prom
     assert parent.data.tags["sweep.best_trial"] == str(best.number)
     assert parent.data.tags["sweep.best_run_id"] == runs[best.number][0].info.run_id
     assert parent.data.metrics["sweep/best_value"] == best.value
-    assert parent.data.metrics["sweep/trials_complete"] == 6.0
+    assert parent.data.metrics["sweep/trials_complete"] == 4.0
     artifacts = {a.path for a in client_for(tmp_path).list_artifacts(parent.info.run_id)}
     assert {"optimization_history.png", "parallel_coordinate.png", "trials.csv", "importances.json"} <= artifacts
     assert f"#{best.number} val/acc {best.value:.4f}" in result.stdout
     assert "baseline/linear_acc" in result.stdout and "importance" in result.stdout
 
-    promoted = run_module("recipes.promote", "--experiment", "digits", "--sweep", "six", "--baseline", "none", "--json",
-                          cwd=tmp_path, timeout=300)
+    promoted = run_module("recipes.promote", "--experiment", "digits", "--sweep", "four", "--baseline", "none",
+                          "--json", cwd=tmp_path, timeout=300)
     assert promoted.returncode == 0, promoted.stderr
     assert json.loads(promoted.stdout)["run_id"] == runs[best.number][0].info.run_id
 

@@ -113,6 +113,8 @@ def test_relaunch_after_a_forged_newest_checkpoint_resumes_from_the_previous(tmp
 
 
 @pytest.mark.e2e
+@pytest.mark.slow(covered_by="tests/unit/callbacks/storage/test_untrusted_checkpoints.py::"
+                             "test_tampered_metadata_is_skipped_for_the_previous_directory")
 def test_fsdp_relaunch_after_tampered_metadata_resumes_from_the_previous(tmp_path: Path, marker: Path) -> None:
     """FSDP (2 processes, gloo): ``.metadata`` of every newest checkpoint edited in place, same size; one of
     them under a record of older code (total size only), so the allow-list unpickler is what refuses it."""
