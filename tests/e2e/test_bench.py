@@ -178,6 +178,7 @@ def test_overhead_b_and_c_alone_stand_side_by_side(tmp_path: Path) -> None:
 
 
 @pytest.mark.serial
+@pytest.mark.slow(covered_by="tests/unit/recipes/bench/test_bench.py::test_contention_figures_and_table_by_hand")
 def test_contention_command_json_and_table(tmp_path: Path) -> None:
     result = _bench(tmp_path, "contention", "--rounds", "1", "--steps", "30", "--warmup", "5",
                     "--settings", "1,adaptive", "--json")

@@ -207,6 +207,7 @@ def test_rank_faults_need_several_ranks(kind: str, capsys: pytest.CaptureFixture
 
 
 @pytest.mark.e2e
+@pytest.mark.slow(covered_by="tests/e2e/test_chaos.py::test_soak_of_three_faults")
 def test_soak_of_a_bucket_outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture) -> None:
     """The bucket drops every connection for 8.5 s from early in training, with a SIGTERM 4.3 s in: the notice save

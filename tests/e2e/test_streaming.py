@@ -188,10 +188,11 @@ def index_digest_of(url: str, s3: S3Server) -> str:
 
 
 @pytest.mark.parametrize(("before", "after", "stop"), [
-    # shrinking, in memory too: tests/e2e/test_elastic.py
+    # each, in memory too: tests/e2e/test_elastic.py (the streamed loader's own resume: the outage test's relaunch)
     pytest.param("2", "1", 4, marks=pytest.mark.slow(
         covered_by="tests/e2e/test_elastic.py::test_ddp_two_processes_resumed_on_one")),
-    ("1", "2", 5),
+    pytest.param("1", "2", 5, marks=pytest.mark.slow(
+        covered_by="tests/e2e/test_elastic.py::test_ddp_one_process_resumed_on_two")),
 ])
 def test_other_world_size_trains_each_sample_once(dataset: str, moto_s3: S3Server,
                                                    split: collections.Counter, tmp_path: Path, before: str,
@@ -247,6 +248,8 @@ def test_bucket_gone_mid_run_ends_in_one_line_and_resumes(dataset: str, moto_s3:
                          final_weights(tmp_path, "gone", "digits-stream"))
 
 
+@pytest.mark.slow(covered_by="tests/unit/recipes/run/test_cli.py::"
+                             "test_a_components_exit_75_is_a_stop_a_started_rank_reports_as_0")
 def test_bucket_gone_under_ddp_ends_every_rank_as_a_stop(dataset: str, moto_s3: S3Server, tmp_path: Path) -> None:
     """Both DDP ranks stream from the bucket that vanishes. Rank 1 used to leave with its own 75, and Lightning's
     launcher, seeing a child exit non-zero, SIGKILLed the launching process: exit -9 instead of 75 (1 of 4 here),

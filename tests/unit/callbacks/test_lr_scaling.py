@@ -106,6 +106,7 @@ def test_one_process_lr_used_and_logged(tmp_path, monkeypatch):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow(covered_by="tests/unit/callbacks/test_lr_scaling.py::test_one_process_lr_used_and_logged")
 def test_two_processes_ddp_cli_lr_used_is_logged(tmp_path):
     """2 processes (gloo) through the real CLI: per-rank batch 32 x 2 = 64 = 2 x base 32 -> scale 2.
 

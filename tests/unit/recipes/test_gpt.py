@@ -193,6 +193,7 @@ def test_mfu_unavailable_on_cpu_without_a_peak(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------- sampling
 @pytest.mark.e2e
+@pytest.mark.slow(covered_by="tests/e2e/test_readme_commands.py::test_readme_command")  # its `recipes.sample` line
 def test_sample_prints_the_requested_bytes(tiny: SimpleNamespace) -> None:
     out = subprocess.run([sys.executable, "-m", "recipes.sample", "--ckpt", str(tiny.ckpt), "--prompt", "def ",
                           "--max-new-bytes", "25", "--seed", "3"], capture_output=True, timeout=300, cwd=REPO)

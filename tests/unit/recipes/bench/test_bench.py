@@ -141,3 +141,40 @@ def test_fit_mode_flags_and_bad_input(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--pieces nope: not one of mlflow" in capsys.readouterr().err
     assert main(["fit", "--epochs", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --epochs 0 must be >= 1"
+
+
+def test_contention_figures_and_table_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Medians over rounds, busy/quiet, the goals, and the table, with each worker's ms per step given."""
+    import subprocess
+
+    from rich.console import Console
+
+    from recipes.bench import contention
+
+    measured = iter([10.0, 30.0, 12.0, 20.0,    # round 1: 1 thread quiet, busy; adaptive quiet, busy
+                     14.0, 24.0, 12.0, 26.0])   # round 2
+    started: list[list[str]] = []
+    monkeypatch.setattr(contention, "_run_worker", lambda args, worker_args, openmp: next(measured))
+
+    class Hog:  # the busy process beside each contended run
+        def __init__(self, command: list[str]) -> None:
+            started.append(command)
+
+        def kill(self) -> None: ...
+
+        def wait(self) -> None: ...
+
+    monkeypatch.setattr(subprocess, "Popen", Hog)
+    args = argparse.Namespace(settings=["1", "adaptive"], rounds=2, steps=30, warmup=5)
+    figures = contention.bench_contention(args, Console(quiet=True))
+    assert len(started) == 4 and (figures["steps"], figures["rounds"]) == (30, 2)
+    one, adaptive = figures["settings"]["1 thread"], figures["settings"][contention.CONTENTION_SETTINGS[4][0]]
+    assert (one["quiet_ms"], one["contended_ms"], one["ratio"], one["ok"]) == (12.0, 27.0, 2.25, False)
+    assert (adaptive["quiet_ms"], adaptive["contended_ms"], adaptive["ok"]) == (12.0, 23.0, True)
+    assert one["quiet_vs_today"] is None and one["all"] == {"quiet": [10.0, 14.0], "contended": [30.0, 24.0]}
+    console = Console(width=250, record=True, force_terminal=False)
+    contention.print_contention(figures, console)
+    text = console.export_text()
+    for cell in ("quiet ms", "busy ms", "busy/quiet", "1 thread", "2.25x", "missed", "met",
+                 "Goal: busy <= 2x quiet"):
+        assert cell in text, cell
