@@ -214,7 +214,8 @@ def test_startup_command_times_a_fresh_launch_and_its_relaunch(tmp_path: Path) -
         assert over["verdict"] == ("met" if over["ratio"] <= 1.3 else "missed")
     # what a launch imports before its parse: each library is there, and they and the rest add up to the total
     imports = figures["imports"]
-    assert all(imports[lib] > 0 for lib in ("torch", "lightning", "mlflow"))
+    assert imports["torch"] > 0 and imports["lightning"] > 0
+    assert imports["mlflow"] == 0  # the CLI module no longer imports it: global rank 0's fit does, after the parse
     assert imports["total"] == pytest.approx(sum(imports[k] for k in ("torch", "lightning", "mlflow", "rest")))
     assert [launch["exit_code"] for kind in ("fresh", "relaunch") for launch in figures["launches"][kind]] == [75, 0]
     for kind in ("fresh", "relaunch"):
