@@ -45,11 +45,15 @@ from typing import IO, Any
 #: on import: the order decides who adds the handler), minus the project. Not ``mlflow.pytorch``: it imports
 #: ``pytorch_lightning`` and configures the root logger, which a launch that logs no model never does. The last
 #: four come later in every fit (Lightning's checkpoint-path check imports s3fs, MLflow's run context GitPython and
-#: IPython, the baselines scikit-learn's linear models): about 0.4 CPU-seconds a launch.
+#: IPython, the baselines scikit-learn's linear models): about 0.4 CPU-seconds a launch. Then what the digits
+#: datamodule, the checkpoint reader and the logged model (MLflow saves the network as a ``torch.export`` program)
+#: import: about 0.4 more.
 PRELOAD = ("mlflow", "torch", "torch._dynamo", "jsonargparse", "lightning.fabric", "lightning.pytorch",
            "lightning.pytorch.cli", "lightning.pytorch.loggers", "torchmetrics", "torchvision", "rich.console",
            "rich.table", "scipy.stats", "sklearn.metrics", "mlflow.store.tracking.sqlalchemy_store",
-           "s3fs", "git", "IPython", "sklearn.linear_model")
+           "s3fs", "git", "IPython", "sklearn.linear_model",
+           "sklearn.datasets", "torch.distributed.checkpoint", "mlflow.pyfunc", "torch.export", "torch.export._trace",
+           "torch._export.serde.serialize", "torch._inductor.ir", "sympy.tensor.tensor")
 
 #: Environment read by libraries while they are imported (or by the interpreter at start): a launch whose
 #: value differs from the zygote's gets a real interpreter.
@@ -69,10 +73,25 @@ def same_import_environment(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
 # ----------------------------------------------------------------------------------------------- the zygote
 
 
+def _warm_requirement_check() -> None:
+    """Build, once, the map of installed distributions MLflow checks a logged model's requirements against.
+
+    MLflow builds it on a process's first logged model by reading every installed distribution's file list
+    (about 1 CPU-second; most launches log a model) and keeps it for the process: made here, forks inherit it.
+    It depends only on what is installed, which the zygote's children share. ``warn_dependency_requirement_mismatches``
+    is the module-level function MLflow's ``save_model`` calls; torch is installed, so it warns of nothing.
+    tests/unit/test_forked.py fails if MLflow stops keeping the map.
+    """
+    from mlflow.utils.requirements_utils import warn_dependency_requirement_mismatches
+
+    warn_dependency_requirement_mismatches(["torch"])
+
+
 def _serve(path: str) -> dict[str, Any]:
     """Preload, then fork a child per request; returns (in the child only) the request it must run."""
     for name in PRELOAD:
         importlib.import_module(name)
+    _warm_requirement_check()
     # the preloaded objects leave the garbage collector's generations: a child's collections neither walk them nor
     # touch (copy-on-write) their pages
     gc.collect()
