@@ -172,15 +172,6 @@ def test_without_the_nvml_check_a_step_no_longer_asks_nvml(monkeypatch: pytest.M
     assert (asked_with, asked_without) == (3, 0)
 
 
-@pytest.mark.parametrize(("code", "launched_by_parent", "expected"), [
-    (75, True, 0), (130, True, 0),  # an orderly stop of a further rank: its launching process reports it
-    (75, False, 75), (130, False, 130), (0, True, 0),
-    (1, True, 1), (2, True, 2),  # a failure still fails the rank, and Lightning's launcher stops the others
-])
-def test_rank_exit_code(code: int, launched_by_parent: bool, expected: int) -> None:
-    assert rank_exit_code(code, launched_by_parent) == expected
-
-
 @pytest.mark.parametrize("stop_code", [75, 130])
 def test_a_further_rank_stopping_in_order_leaves_the_launching_process_alive(stop_code: int) -> None:
     """Lightning's real observer over a rank that stopped in order (CI saw the launching process's 75 become -9)."""
