@@ -47,7 +47,7 @@ key                        meaning
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``): ``checkpoint_io.py``,
 ``storage/{ckpt_store,safe_load,remote_store}.py``,
-``utils/{notices,rng,compat,agreement,watchdog,save_schedule,drills,resume_record,comm_hooks,steps_file}.py``,
+``utils/{notices,rng,compat,agreement,watchdog,launcher,save_schedule,drills,resume_record,comm_hooks,steps_file}.py``,
 ``analysis/{ckpt_interval,keys}.py``.
 """
 
@@ -85,11 +85,12 @@ from .utils.agreement import agree, distributed_world
 from .utils.comm_hooks import pin_bucket_layout
 from .utils.compat import validation_due
 from .utils.drills import FireDrill
+from .utils.launcher import reported_exit_code, started_by_lightning
 from .utils.resume_record import ELASTIC_TAG, lost_steps, tag_elastic  # noqa: F401 (ELASTIC_TAG: tests import it)
 from .utils.rng import restore_rank_rng, rng_state, set_rng_state  # noqa: F401 (tests import it from here)
 from .utils.save_schedule import SaveSchedule
 from .utils.steps_file import PROGRESS_FILE, read_steps_run
-from .utils.watchdog import HangWatchdog, PeerBoard, hung_rank_exit_code, kill_children, rendezvous_store
+from .utils.watchdog import HangWatchdog, PeerBoard, kill_children, rendezvous_store
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -438,7 +439,7 @@ class SpotCheckpoint(Callback):
             logger = next((lg for lg in trainer.loggers if getattr(lg, "run_id", None)), None)
             if logger is not None and hasattr(logger.experiment, "set_terminated"):
                 self._hang_record = (logger.experiment, logger.run_id)
-        self._hang_exit = hung_rank_exit_code(trainer, REQUEUE_EXIT_CODE)
+        self._hang_exit = reported_exit_code(REQUEUE_EXIT_CODE, started_by_lightning(trainer), (REQUEUE_EXIT_CODE,))
         self._watchdog = HangWatchdog(self._end_hung_job, trainer.global_rank, set(self._signals.signums),
                                       notice_grace_s=self.notice_grace_s, stall_floor_s=self.stall_floor_s,
                                       stall_factor=self.stall_factor, board=board)
@@ -455,7 +456,7 @@ class SpotCheckpoint(Callback):
 
     def _end_hung_job(self, line: str) -> None:
         """From the watchdog thread: say what hung, mark the run KILLED, end this process tree, exit 75 (0 in a rank
-        Lightning's launcher started: ``hung_rank_exit_code``). The newest published checkpoint is whole."""
+        Lightning's launcher started: ``utils/launcher.py``). The newest published checkpoint is whole."""
         sys.stderr.write(f"atscale: {line}. Ending the job (exit {REQUEUE_EXIT_CODE}); the same command resumes "
                          "it from its newest checkpoint.\n")
         sys.stderr.flush()

@@ -145,19 +145,6 @@ def kill_children() -> None:
             child.kill()
 
 
-def hung_rank_exit_code(trainer: Any, requeue: int) -> int:
-    """The code this rank ends a hung job with: ``requeue``, but 0 in a rank Lightning's own launcher started.
-
-    That launcher SIGKILLs the launching process (global rank 0) as soon as a rank it started exits non-zero: a
-    started rank whose watchdog fired first would turn the launch's ``requeue`` into -9 and leave rank 0's MLflow
-    run RUNNING. Rank 0 ends the job itself: its own watchdog sees the same stall, or its collective loses this
-    rank (a lost peer, exit ``requeue``). Under torchrun or SLURM every rank reports its own code.
-    """
-    environment = getattr(trainer.strategy, "cluster_environment", None)
-    started = trainer.local_rank > 0 and environment is not None and not environment.creates_processes_externally
-    return 0 if started else requeue
-
-
 class HangWatchdog:
     """A daemon thread that calls ``on_hang`` once, when training stopped reaching step boundaries.
 

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from callbacks.cpu_threads import AdaptiveCpuThreads, FixedCpuThreads
 from callbacks.spot import REQUEUE_EXIT_CODE
+from callbacks.utils.launcher import reported_exit_code
 from recipes.run.common import SIGINT_EXIT_CODE, UsageError
 from recipes.run.compat import MLFLOW_TRACKING_CLIENT_LOGGER
 from recipes.run.errors import out_of_space
@@ -324,10 +325,6 @@ def wrap_up_done() -> None:
 
 
 def rank_exit_code(code: int, launched_by_parent: bool) -> int:
-    """The exit code a rank reports: 0 for an orderly stop (75, 130) of a rank Lightning's launcher started.
-
-    The launching process reports the stop to whoever relaunches. Lightning's launcher SIGKILLs every rank,
-    itself included, as soon as a rank it started exits non-zero (its ``_ChildProcessObserver``): a started rank
-    that stops in order must exit 0, or the launching process's 75 becomes -9 whenever that rank ends first.
-    """
-    return 0 if launched_by_parent and code in (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE) else code
+    """The exit code a rank reports: 0 for an orderly stop (75, 130) of a rank Lightning's launcher started, whose
+    launching process reports it (the rule and why: :mod:`callbacks.utils.launcher`)."""
+    return reported_exit_code(code, launched_by_parent, (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE))

@@ -652,8 +652,8 @@ def test_copy_lists_are_read_as_written() -> None:
     assert copy_list(REPO / "callbacks" / "spot.py") == [
         "checkpoint_io.py", "storage/ckpt_store.py", "storage/safe_load.py", "storage/remote_store.py",
         "utils/notices.py", "utils/rng.py", "utils/compat.py", "utils/agreement.py", "utils/watchdog.py",
-        "utils/save_schedule.py", "utils/drills.py", "utils/resume_record.py", "utils/comm_hooks.py",
-        "utils/steps_file.py", "analysis/ckpt_interval.py", "analysis/keys.py"]
+        "utils/launcher.py", "utils/save_schedule.py", "utils/drills.py", "utils/resume_record.py",
+        "utils/comm_hooks.py", "utils/steps_file.py", "analysis/ckpt_interval.py", "analysis/keys.py"]
     assert copy_list(REPO / "callbacks" / "cost.py") == ["analysis/cost_model.py", "analysis/prices.py",
                                                          "analysis/goodput.py", "analysis/keys.py",
                                                          "analysis/prices.yaml",

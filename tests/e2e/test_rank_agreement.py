@@ -153,8 +153,8 @@ def test_a_frozen_rank_ends_the_job_within_the_window_and_the_relaunch_is_exact(
 def test_a_hung_rank_0_ends_the_job_with_75_and_the_run_killed(tmp_path: Path) -> None:
     """Rank 0's main thread stops at step 5, its threads alive; rank 1 waits for it in the next all-reduce. Both
     watchdogs see the stall; rank 0's ends the job: exit 75, the run KILLED. Rank 1, started by Lightning's
-    launcher, ends with 0 (``hung_rank_exit_code``, unit-tested in tests/unit/callbacks/test_watchdog.py): with its
-    75, the launcher would SIGKILL rank 0 whenever rank 1 fired first (-9, the run left RUNNING). That ordering
+    launcher, ends with 0 (callbacks/utils/launcher.py, unit-tested in tests/unit/callbacks/utils/test_launcher.py):
+    with its 75, the launcher would SIGKILL rank 0 whenever rank 1 fired first (-9, the run left RUNNING). That ordering
     did not come up here (3 of 3 runs without the fix exited 75): this test holds the end state of a hung rank 0."""
     args = (*DIGITS, *STRATEGY["ddp"], "--trainer.max_epochs", "3", "--run_name", "h", "--spot.stall_floor_s", "8",
             "--spot.stall_factor", "3", fault("HangOneRank", rank=0, step=5))

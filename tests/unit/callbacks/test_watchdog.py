@@ -6,13 +6,11 @@ import os
 import signal
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
-from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
 
-from callbacks.utils.watchdog import HangWatchdog, PeerBoard, hung_rank_exit_code, main_thread_wait, silent_ranks
+from callbacks.utils.watchdog import HangWatchdog, PeerBoard, main_thread_wait, silent_ranks
 
 
 class Clock:
@@ -199,18 +197,3 @@ def test_stop_wakes_the_thread_instead_of_waiting_out_its_period() -> None:
     dog.stop()  # from the main thread, as SpotCheckpoint does (it gives the wakeup descriptor back)
     assert time.monotonic() - started < 60.0  # half the period: only a woken thread ends before it
     assert not thread.is_alive()
-
-
-@pytest.mark.parametrize(("local_rank", "environment", "code"), [
-    (1, LightningEnvironment(), 0),  # started by Lightning's launcher: rank 0 reports the stop
-    (0, LightningEnvironment(), 75),  # the launching process itself
-    (1, TorchElasticEnvironment(), 75),  # torchrun started it: its agent reads every rank's code
-    (0, None, 75),  # one process (no cluster environment)
-])
-def test_a_rank_lightnings_launcher_started_ends_a_hung_job_with_0(local_rank: int, environment: object,
-                                                                    code: int) -> None:
-    """Lightning's launcher SIGKILLs the launching process as soon as a rank it started exits non-zero: a started
-    rank whose watchdog fired first turned the launch's 75 into -9, and the MLflow run (rank 0's) stayed RUNNING."""
-    strategy = SimpleNamespace(cluster_environment=environment) if environment is not None else SimpleNamespace()
-    trainer = SimpleNamespace(local_rank=local_rank, strategy=strategy)
-    assert hung_rank_exit_code(trainer, 75) == code
