@@ -55,6 +55,7 @@ __all__ = [
     "STREAM_FORMAT",
     "UNAVAILABLE_EXIT_CODE",
     "ChunkOrder",
+    "StreamStopped",
     "StreamUnavailable",
     "StreamedItems",
     "StreamingImageDataModule",
@@ -127,6 +128,15 @@ def _without_write_times(value: Any) -> Any:
 
 class StreamUnavailable(RuntimeError):
     """The streamed data could not be read for ``read_timeout_s``; the message is the run's one line."""
+
+
+class StreamStopped(SystemExit):
+    """The run's stop on unreadable streamed data: exit 75 (the relaunch resumes), and the line that says why
+    (printed by global rank 0; a further rank's is left for rank 0 by the CLI: recipes/run/stop_line.py)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(UNAVAILABLE_EXIT_CODE)
+        self.line = line
 
 
 class StreamedItems(Dataset):
@@ -279,12 +289,12 @@ class _Unavailable(Iterator):
         try:
             return next(self.inner)
         except StreamUnavailable as err:  # raised here, or re-raised from a loader worker
+            line = str(err).strip().splitlines()[-1] if str(err).strip() else "atscale: the streamed data is gone"
+            line = line[line.find("atscale:"):] if "atscale:" in line else line
             if self.loud:
-                line = str(err).strip().splitlines()[-1] if str(err).strip() else "atscale: the streamed data is gone"
-                line = line[line.find("atscale:"):] if "atscale:" in line else line
                 sys.stderr.write(line + "\n")
                 sys.stderr.flush()
-            raise SystemExit(UNAVAILABLE_EXIT_CODE) from None
+            raise StreamStopped(line) from None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

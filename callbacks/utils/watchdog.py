@@ -56,11 +56,12 @@ class Store(Protocol):
     def check(self, keys: list[str]) -> bool: ...
 
 
-def rendezvous_store(timeout_s: float = 5.0) -> Store | None:
+def rendezvous_store(timeout_s: float = 5.0, quiet: bool = False) -> Store | None:
     """A client of the job's rendezvous store (``MASTER_ADDR:MASTER_PORT``) with its own short timeout.
 
     Every launcher (Lightning's, torchrun, SLURM) serves the store there; a connection of our own keeps the
-    process group's store, and its timeout, untouched. ``None`` when there is none to reach.
+    process group's store, and its timeout, untouched. ``None`` when there is none to reach (said in a warning
+    for the hang watchdog, unless ``quiet``).
     """
     host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not host or not port:
@@ -71,6 +72,8 @@ def rendezvous_store(timeout_s: float = 5.0) -> Store | None:
         return dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s),
                              wait_for_workers=False)
     except Exception as err:  # no heartbeats is a weaker diagnosis, never a failed run
+        if quiet:
+            return None
         log.warning("Hang watchdog: the rendezvous store %s:%s cannot be reached (%s); a hang is still ended, "
                     "but without naming the rank that stopped answering.", host, port, err)
         return None

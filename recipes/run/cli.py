@@ -51,7 +51,8 @@ from callbacks.storage import remote_store
 from callbacks.storage.remote_store import StoreError
 from callbacks.timing import StepTiming
 from callbacks.utils.run_report import AfterFit, ExitCode, SummaryRows
-from recipes.run import tracking
+from datamodules.streaming import StreamStopped
+from recipes.run import stop_line, tracking
 from recipes.run.agree import DecisionFailed, agent_store_available, decided_once
 from recipes.run.cli_callbacks import (
     AgreedStart,
@@ -564,6 +565,8 @@ def launch(args: list[str] | None, **kwargs: Any) -> Launch:
             raise
         # a component ended the run to be relaunched (the streamed data loader, after its one line): a stop, as a
         # notice is, so a rank Lightning's launcher started reports it as one (run_cli: 0 there)
+        if isinstance(err, StreamStopped) and global_rank_from_env() != 0:
+            stop_line.leave(err.line, global_rank_from_env())  # rank 0 sees a lost peer: it prints this line
         return Launch(REQUEUE_EXIT_CODE, cli)
     except DecisionFailed as err:
         return Launch(1, cli, f"error: global rank 0 failed to decide where the run starts ({err.kind}: {err}); its "
@@ -577,6 +580,10 @@ def launch(args: list[str] | None, **kwargs: Any) -> Launch:
     except Exception as err:
         peer = lost_peer(err)
         if peer is not None:
+            world = getattr(getattr(cli, "trainer", None), "world_size", 1)
+            left = stop_line.left_by_peers(world) if world > 1 else None
+            if left is not None:  # the peer stopped the run in order, and said why
+                return Launch(REQUEUE_EXIT_CODE, cli, left, error=True)
             return Launch(REQUEUE_EXIT_CODE, cli, f"error: a peer process was lost ({peer}): the run stopped; relaunch "
                           "to resume it from its newest checkpoint (torchrun --nnodes MIN:MAX restarts on the nodes "
                           "left).", error=True)

@@ -76,6 +76,28 @@ class DropBucket(Callback):
         client.delete_bucket(Bucket=self.bucket)
 
 
+class UnreadableOnOneRank(Callback):
+    """From ``step`` on, rank ``rank``'s reads of the streamed data fail as a revoked credential's would, while the
+    other ranks read on: that rank meets the outage alone. Needs ``--data.num_workers 0`` (the reads in this process).
+
+    ``marker`` is written first, so the relaunch (the same command) trains on.
+    """
+
+    def __init__(self, rank: int, step: int, marker: str) -> None:
+        self.rank, self.step, self.marker = rank, step, Path(marker)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_rank != self.rank or self.marker.exists() or trainer.global_step < self.step:
+            return
+        self.marker.write_text(str(trainer.global_step))
+
+        def denied(index: int) -> Any:
+            raise PermissionError("AccessDenied: the credentials were revoked")
+
+        trainer.datamodule.train_set._item = denied
+
+
 @pytest.fixture(scope="module")
 def dataset(moto_s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> str:
     """``s3://atscale-stream/digits``: 300 training and 75 validation digits in chunks of 32, prepared once."""
@@ -266,12 +288,33 @@ def test_bucket_gone_under_ddp_ends_every_rank_as_a_stop(dataset: str, moto_s3: 
                     env=env_for(tmp_path, moto_s3), timeout=300)
     assert first.returncode == REQUEUE, first.stderr[-3000:]
     assert "terminated with code" not in first.stderr, first.stderr[-3000:]  # the launcher's zombie hunt
-    # rank 0 says why: the data line, or (when rank 1 met the outage first and left while rank 0 waited for it in
-    # an all-reduce) the lost-peer line; one of the two, once
+    # rank 0 says why, once: its own data line, or the one rank 1 left when it met the outage first (rank 0, in
+    # an all-reduce, saw only a lost peer)
     said = [line for line in first.stderr.splitlines()
             if line.startswith(("atscale: the streamed data at ", "error: a peer process was lost"))]
-    assert len(said) == 1, first.stderr[-3000:]
+    assert len(said) == 1 and said[0].startswith(f"atscale: the streamed data at {url}/train cannot be read ("), \
+        first.stderr[-3000:]
     assert [r.info.status for r in runs_of(tmp_path, "digits-stream") if r.info.run_name == "gone"] == ["KILLED"]
+
+
+@pytest.mark.slow(covered_by="tests/unit/recipes/run/test_stop_line.py::"
+                             "test_rank_0_that_lost_a_peer_prints_the_line_the_peer_left")
+def test_a_rank_that_meets_the_outage_alone_is_named_by_rank_0(dataset: str, moto_s3: S3Server,
+                                                                tmp_path: Path) -> None:
+    """Rank 1 alone cannot read (its credentials revoked) and stops the run; rank 0, waiting for it in an
+    all-reduce, saw a lost peer, and its line did not say the data was gone. The line rank 1 left is rank 0's."""
+    fault = ("--trainer.callbacks+=tests.e2e.test_streaming.UnreadableOnOneRank", "--trainer.callbacks.rank=1",
+             "--trainer.callbacks.step=4", f"--trainer.callbacks.marker={tmp_path / 'denied'}")
+    first = run_fit(tmp_path, *streamed(tmp_path, dataset, *DDP, *fault), "--data.num_workers", "0",
+                    "--run_name", "alone", env=env_for(tmp_path, moto_s3), timeout=300)
+    assert first.returncode == REQUEUE, first.stderr[-3000:]
+    assert (tmp_path / "denied").exists()
+    said = [line for line in first.stderr.splitlines()
+            if line.startswith(("atscale: the streamed data at ", "error: a peer process was lost"))]
+    assert len(said) == 1 and said[0].startswith(f"atscale: the streamed data at {dataset}/train cannot be read ("), \
+        first.stderr[-3000:]
+    assert "AccessDenied" in said[0] and "Traceback" not in first.stderr, first.stderr[-3000:]
+    assert [r.info.status for r in runs_of(tmp_path, "digits-stream") if r.info.run_name == "alone"] == ["KILLED"]
 
 
 #: |streamed val/bpb - in-memory val/bpb| of the tiny GPT below (2 layers x 32 wide, 32-byte context, 40 steps of 16
