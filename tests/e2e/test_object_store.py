@@ -35,7 +35,7 @@ from tests.conftest import (
     run_module,
     start_fit,
 )
-from tests.servers import S3Server, free_port, mlflow_server, moto_s3, moto_s3_strict  # noqa: F401 - fixtures
+from tests.servers import S3Server, free_port, mlflow_server, moto_s3, moto_s3_strict, s3fs_fresh  # noqa: F401 - fixtures
 
 EPOCHS = 2
 BASE = ("--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs", str(EPOCHS),
@@ -53,7 +53,7 @@ def machine_env(workdir: Path, s3: S3Server, tracking_uri: str | None = None) ->
 @pytest.mark.slow(covered_by="tests/e2e/test_team_server.py::"
                             "test_spot_run_resumes_on_a_wiped_machine_then_compare_promote_reproduce")
 def test_relaunch_on_a_new_machine_resumes_from_the_bucket_exactly(
-        moto_s3: S3Server, mlflow_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        moto_s3: S3Server, mlflow_server, s3fs_fresh: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bucket = moto_s3.make_bucket("atscale-e2e")
     tracking = mlflow_server(bucket, tmp_path / "server")
     reference = tmp_path / "reference"  # an uninterrupted run, local everything
