@@ -565,8 +565,9 @@ def launch(args: list[str] | None, **kwargs: Any) -> Launch:
             raise
         # a component ended the run to be relaunched (the streamed data loader, after its one line): a stop, as a
         # notice is, so a rank Lightning's launcher started reports it as one (run_cli: 0 there)
-        if isinstance(err, StreamStopped) and global_rank_from_env() != 0:
-            stop_line.leave(err.line, global_rank_from_env())  # rank 0 sees a lost peer: it prints this line
+        rank = global_rank_from_env()
+        if isinstance(err, StreamStopped) and rank != 0:
+            stop_line.leave(err.line, rank)  # rank 0 sees a lost peer: it prints this line
         return Launch(REQUEUE_EXIT_CODE, cli)
     except DecisionFailed as err:
         return Launch(1, cli, f"error: global rank 0 failed to decide where the run starts ({err.kind}: {err}); its "
