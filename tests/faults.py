@@ -174,3 +174,29 @@ class HangOneRank(Callback):
                            batch_idx: int) -> None:
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             time.sleep(self.sleep_s)
+
+
+class KillWhileLoggingModel(Callback):
+    """SIGKILL this process once MLflow has made the run's logged model (PENDING) and starts uploading its files.
+
+    Deterministic where a test watching the store for a PENDING model and then killing raced the upload: a fast
+    upload finished the model (READY) before the kill landed. ``marker`` is written first, so the relaunch (the
+    same command) logs its model.
+
+    Args:
+        marker: a file whose existence means "already killed once".
+    """
+
+    def __init__(self, marker: str) -> None:
+        self.marker = Path(marker)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.marker.exists():
+            return
+        marker = self.marker
+
+        def killed(*args: Any, **kwargs: Any) -> None:
+            marker.write_text("killed")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        mlflow.MlflowClient.log_model_artifacts = killed  # type: ignore[method-assign]

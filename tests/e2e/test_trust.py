@@ -472,22 +472,16 @@ def test_a_signal_as_a_finished_run_exits_keeps_exit_code_0(tmp_path: Path, sign
 def test_a_model_half_logged_by_a_killed_launch_is_marked_failed_by_the_relaunch(tmp_path: Path) -> None:
     from mlflow.entities import LoggedModelStatus
 
-    args = ("--config", DIGITS, *FAST, "--run_name", "m", "--trainer.max_steps", "3")
+    # SIGKILL while MLflow writes the model: once it is made (PENDING), as its files start to upload
+    args = ("--config", DIGITS, *FAST, "--run_name", "m", "--trainer.max_steps", "3",
+            "--trainer.callbacks+=tests.faults.KillWhileLoggingModel", f"--trainer.callbacks.marker={tmp_path / 'k'}")
     env = cli_env(tmp_path)
     client = client_for(tmp_path)
-    proc = start_fit(tmp_path, *args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    pending = []
-    try:
-        deadline = time.monotonic() + 240
-        while proc.poll() is None and not pending and time.monotonic() < deadline:
-            experiment = client.get_experiment_by_name("digits")
-            if experiment is not None:
-                pending = [m for m in client.search_logged_models([experiment.experiment_id])
-                           if m.status == LoggedModelStatus.PENDING]
-            time.sleep(0.02)
-    finally:
-        proc.kill()  # SIGKILL, while MLflow writes the model
-        proc.wait()
+    killed = run_fit(tmp_path, *args, env=env)
+    assert killed.returncode == -signal.SIGKILL and (tmp_path / "k").exists(), killed.stderr[-3000:]
+    experiment = client.get_experiment_by_name("digits")
+    pending = [m for m in client.search_logged_models([experiment.experiment_id])
+               if m.status == LoggedModelStatus.PENDING]
     assert len(pending) == 1, "the launch ended before its model was seen PENDING"
     (run,) = runs_of(tmp_path, "digits")
     assert pending[0].source_run_id == run.info.run_id
