@@ -26,6 +26,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
 from .compat import iterator_finished, sampler_state, served_sampler_state, with_sampler_state
+from .worker_signals import notices_blocked, with_notices_ignored
 
 __all__ = ["CURSOR_KEY", "PassSampler", "ResumableLoader", "batches_per_epoch", "stateful_train_loader"]
 
@@ -122,6 +123,13 @@ class PassSampler(Sampler[int]):
         if not self._restored:
             self.epoch, self.cursor, self.complete, self._iterating = epoch + self._offset, 0, False, False
 
+    def expect_epoch(self, epoch: int) -> None:
+        """Be at the start of the pass Lightning's ``set_epoch(epoch)`` will ask for, unless a pass is under way or a
+        restored state rules (see :meth:`ResumableLoader._announce_epoch`). Records no request: a state loaded after
+        this call is read as if this call had not been made."""
+        if not self._restored and not (self._iterating and self._taken < self._share):
+            self.epoch, self.cursor, self.complete, self._iterating = epoch + self._offset, 0, False, False
+
     def permutation(self, epoch: int) -> Sequence[int]:
         """The order of pass ``epoch``: ``order(seed + epoch)``, else ``torch.randperm`` seeded ``seed + epoch``."""
         if self.order is not None:
@@ -194,10 +202,34 @@ class ResumableLoader(StatefulDataLoader):
     """
 
     def __init__(self, *args: Any, trainer: pl.Trainer | None = None, **kwargs: Any) -> None:
+        # workers leave the notice signals to the main process (a signal to the whole group must not kill them)
+        kwargs["worker_init_fn"] = with_notices_ignored(kwargs.get("worker_init_fn"))
         super().__init__(*args, **kwargs)
         self.trainer_ref = trainer
         #: ``(old world size, new world size)`` after a resume on another world size, else None.
         self.resharded: tuple[int, int] | None = None
+
+    @override
+    def __iter__(self) -> Iterator[Any]:
+        self._announce_epoch()
+        with notices_blocked():  # the workers fork here: a notice meanwhile must reach the main process only
+            return super().__iter__()
+
+    def _announce_epoch(self) -> None:
+        """Tell the sampler the epoch Lightning is about to set, before workers start drawing from it.
+
+        Lightning creates the training iterator before it calls ``set_epoch`` (``FitLoop.setup_data``, then
+        ``on_advance_start``). Without workers the sampler runs only at the first batch, after ``set_epoch``; with
+        workers the iterator prefetches at once, so the sampler ran with the epoch it last knew. A fresh run starts
+        at epoch 0 and did not notice; a run resumed from an epoch-end checkpoint starts at epoch 1 or later and
+        replayed pass 0 (found by a per-step trace of labels: the resume was not bitwise with ``num_workers > 0``).
+        The epoch is the one Lightning passes next (its fit loop's processed epochs, a private counter as in
+        :meth:`_align_lightning_count`). A state restored into the iterator still rules (torchdata applies it after
+        this, inside ``__iter__``), and Lightning's own ``set_epoch`` then finds the pass it asks for under way.
+        """
+        progress = getattr(getattr(self.trainer_ref, "fit_loop", None), "epoch_progress", None)
+        if self.num_workers > 0 and progress is not None and isinstance(self.sampler, PassSampler):
+            self.sampler.expect_epoch(progress.current.processed)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -84,3 +84,63 @@ def test_pass_sampler_state_round_trips() -> None:
     restored.load_state_dict(sampler.state_dict())
     assert sampler.state_dict() == {"epoch": 0, "yielded": 4}
     assert head + list(restored) == list(PassSampler(data, num_replicas=1, rank=0, seed=3))
+
+
+class WorkerRecorder(Recorder):
+    """The recorder with loader workers and a validation loop, whose end is where Lightning saves the epoch."""
+
+    def __init__(self, num_workers: int) -> None:
+        super().__init__()
+        self.num_workers = num_workers
+
+    def train_dataloader(self):
+        data = TensorDataset(torch.arange(20, dtype=torch.float32).unsqueeze(1))
+        return stateful_train_loader(data, self.batch_size, seed=7, trainer=self.trainer, num_workers=self.num_workers)
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        return None
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=4)
+
+
+class CrashAtEpochEnd(Callback):
+    """Save at the end of the epoch whose last optimizer step is ``at`` (in ``hook``), then die."""
+
+    def __init__(self, at: int, path: Path, hook: str) -> None:
+        self.at, self.path, self.hook = at, path, hook
+
+    def _maybe_crash(self, trainer: Trainer, hook: str) -> None:
+        if hook == self.hook and trainer.global_step == self.at and not trainer.sanity_checking:
+            trainer.save_checkpoint(self.path)
+            raise SystemExit("killed")
+
+    def on_validation_end(self, trainer: Trainer, *args: object) -> None:
+        self._maybe_crash(trainer, "validation_end")  # the epoch is not yet processed: its loader state is restored
+
+    def on_train_epoch_end(self, trainer: Trainer, *args: object) -> None:
+        self._maybe_crash(trainer, "train_epoch_end")  # processed: Lightning restores no loader state
+
+
+@pytest.mark.parametrize("hook", ["validation_end", "train_epoch_end"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_run_resumed_at_an_epochs_end_with_workers_starts_the_next_pass(tmp_path: Path, num_workers: int,
+                                                                          hook: str) -> None:
+    """Workers draw indices as soon as Lightning creates the iterator, before it sets the epoch: the first pass after
+    an epoch-end resume once replayed pass 0 with workers (the weights of the resumed run differed)."""
+    def fit(root: Path, ckpt: Path | None = None, crash: bool = False) -> list[list[int]]:
+        model = WorkerRecorder(num_workers)
+        trainer = Trainer(accelerator="cpu", max_epochs=3, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, enable_checkpointing=False, default_root_dir=root,
+                          num_sanity_val_steps=0,
+                          callbacks=[CrashAtEpochEnd(5, root / "kill.ckpt", hook)] if crash else [])
+        try:
+            trainer.fit(model, ckpt_path=ckpt)
+        except SystemExit:
+            assert crash
+        return model.seen
+
+    full = fit(tmp_path / "full")
+    first = fit(tmp_path / "cut", crash=True)
+    second = fit(tmp_path / "cut", ckpt=tmp_path / "cut" / "kill.ckpt")
+    assert len(first) == 5 and first + second == full
