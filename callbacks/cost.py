@@ -1,9 +1,10 @@
-"""What a run costs in dollars while it runs, across interruptions and resumes, spot versus on-demand.
+r"""What a run costs in dollars while it runs, across interruptions and resumes, spot versus on-demand.
 
 ``CostTracker`` bills the whole job's wall clock on every instance: start-up, validation,
 checkpoint saves and restarts included, because that is what a cloud bills. Its clock starts when
-the callback is **constructed**, which the CLI does right after the process starts (before the
-model, the data and the MLflow run are built), and runs until the last log at train end.
+the callback is **constructed** (``bill_from="construction"``), or when the launch started
+(``bill_from="spawn"``, the CLI's setting: when ``python -m recipes.fit`` started, imports included, not when a
+shell that ``exec``\ d it did; :mod:`callbacks.utils.launch_clock`), and runs until the last log at train end.
 
 Across an interruption the bill continues, never resets. The callback's state in each checkpoint
 (``state_dict``) holds the job's billed seconds at that save and the wall-clock time of the save
@@ -69,14 +70,13 @@ and to the MLflow run.
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
 ``analysis/{cost_model,prices,goodput,keys}.py``, ``analysis/prices.yaml`` and
-``utils/{steps_file,goodput_clock,compat,goodput_plot}.py``.
+``utils/{steps_file,goodput_clock,launch_clock,compat,goodput_plot}.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -91,23 +91,13 @@ from .analysis.cost_model import run_cost, savings_pct
 from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from .utils.compat import time_every_save
 from .utils.goodput_clock import GoodputClock
+from .utils.launch_clock import launch_age_s
 from .utils.steps_file import PROGRESS_FILE, StepsFile, read_steps_run
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
 
 log = logging.getLogger(__name__)
-
-def process_age_s() -> float | None:
-    """Seconds since this process was spawned (Linux ``/proc``), or None where that cannot be read."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, counted from after the name
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return max(0.0, uptime - started)
-
 
 def default_instances(instance: Instance, world_size: int, num_nodes: int) -> int:
     """Instances a job occupies: one per node, and enough GPU instances for its devices.
@@ -144,8 +134,10 @@ class CostTracker(Callback):
             the relaunch's start (None: measured).
         log_every_n_steps: Log every this many optimizer steps; None: the trainer's ``log_every_n_steps``.
         bill_from: ``"construction"``: the bill's clock starts when this object is built (the CLI builds it
-            after importing torch and Lightning); ``"spawn"``: at the process's spawn (Linux; elsewhere at
-            construction), so a launch's imports are billed and show as start-up in the goodput ledger.
+            after importing torch and Lightning); ``"spawn"``: at the launch's start (the mark
+            ``python -m recipes.fit`` leaves before its imports, its launcher's for the ranks it starts; else the
+            process's spawn on Linux; elsewhere at construction), so a launch's imports are billed and show as
+            start-up in the goodput ledger.
             A relaunch's spawn-to-construction seconds are in its billed restart gap either way; the
             ledger files them under start-up.
         plot: write ``goodput.png`` (the ledger as stacked bars, dollars on both markets) to the run
@@ -181,7 +173,7 @@ class CostTracker(Callback):
         self._t0_wall = time.time()
         if bill_from not in ("construction", "spawn"):
             raise ValueError(f"CostTracker(bill_from={bill_from!r}) must be 'construction' or 'spawn'.")
-        self._spawn_s = process_age_s() or 0.0  # spawn -> this clock start
+        self._spawn_s = launch_age_s() or 0.0  # the launch's start -> this clock start
         if bill_from == "spawn":
             self._t0_mono -= self._spawn_s
             self._t0_wall -= self._spawn_s

@@ -81,6 +81,9 @@ def main(args: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from callbacks.utils.launch_clock import mark_launch
+
+    mark_launch()  # the bill starts here, not when a shell that exec'd this process started
     # before torch (and its OpenMP runtime) is imported; only as a program: importing this module changes nothing
     os.environ.update(cpu_thread_env(cpu_threads_setting(sys.argv[1:]), os.environ))
     from recipes.run.shutdown import run_and_exit

@@ -85,7 +85,7 @@ def usd(seconds: float, price: float = SPOT) -> float:
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeTime:
     fake = FakeTime()
     monkeypatch.setattr(cost, "time", fake)
-    monkeypatch.setattr(cost, "process_age_s", lambda: 0.0)  # spawn -> construction: none under the fake clock
+    monkeypatch.setattr(cost, "launch_age_s", lambda: 0.0)  # spawn -> construction: none under the fake clock
     return fake
 
 
@@ -351,7 +351,7 @@ def test_ledger_files_every_cause_by_hand(tmp_path: Path, clock: FakeTime) -> No
 def test_spawn_to_clock_is_start_up(tmp_path: Path, clock: FakeTime, monkeypatch: pytest.MonkeyPatch) -> None:
     """The seconds from process spawn to the bill's clock: billed with ``bill_from="spawn"``, and on a relaunch
     moved out of the gap (which holds them either way) into start-up."""
-    monkeypatch.setattr(cost, "process_age_s", lambda: 5.0)  # 5 s of imports before the CLI built the tracker
+    monkeypatch.setattr(cost, "launch_age_s", lambda: 5.0)  # 5 s of imports before the CLI built the tracker
     ckpt = tmp_path / "checkpoints" / "step=4.ckpt"
     spawned = CostTracker(instance="a3-highgpu-1g", bill_from="spawn", log_every_n_steps=100, plot=False)
     _trainer(tmp_path, [spawned, SaveThenDie(ckpt, save_at=4, die_at=6)], RecordingLogger()).fit(TimedModel(clock))
