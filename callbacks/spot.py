@@ -113,7 +113,7 @@ class SpotCheckpoint(Callback):
         metadata_url: base URL of the metadata service (default: the provider's own).
         poll_interval_s: seconds between metadata polls.
         metadata_timeout_s: timeout of one metadata request (it never blocks training).
-        signals: signal names that count as a notice.
+        signals: signal names that count as a notice (default SIGTERM, SIGUSR1, SIGINT; a second SIGINT stops now).
         every_n_steps: also save every this many optimizer steps (``None``: not by steps).
         every_minutes: also save every this many minutes of training (``None``: not by time;
             ``"auto"``: Daly's optimum from the measured save time and ``interruption_rate``). Global
@@ -177,7 +177,7 @@ class SpotCheckpoint(Callback):
     ) -> None:
         if provider not in ("auto", "aws", "gcp", "azure", "none"):
             raise ValueError(f"SpotCheckpoint(provider={provider!r}) must be auto, aws, gcp, azure or none.")
-        signals = ["SIGTERM", "SIGUSR1"] if signals is None else signals
+        signals = ["SIGTERM", "SIGUSR1", "SIGINT"] if signals is None else signals
         unknown = [s for s in signals if s not in notices.SIGNALS]
         if unknown:
             raise ValueError(f"SpotCheckpoint(signals={unknown!r}): known signals are {sorted(notices.SIGNALS)}.")

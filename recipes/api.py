@@ -32,7 +32,6 @@ cell again resumes an interrupted run, and returns a finished one without traini
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import os
@@ -170,9 +169,11 @@ def flat_options(options: Mapping[str, Any], prefix: str = "") -> dict[str, Any]
 
 
 def default_run_name(configs: Sequence[str], options: Mapping[str, Any]) -> str:
-    """``<first config's stem>-<8 hex digits of the arguments>``: the same call, the same run."""
-    text = json.dumps([list(configs), flat_options(options)], sort_keys=True, default=str)
-    return f"{Path(configs[0]).stem}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    """The name the command these arguments stand for would get (``recipes.run.common.command_run_name``): the same
+    call, the same run, and the same run as ``python -m recipes.fit`` with these arguments."""
+    from recipes.run.common import command_run_name
+
+    return command_run_name(arguments(configs, options))
 
 
 def _merged(configs: Sequence[str], options: Mapping[str, Any]) -> dict[str, Any]:
@@ -227,6 +228,7 @@ def _in_kernel(args: list[str], name: str, experiment: str) -> Run:
     """The CLI's run flow in this process, with what it sets for the process put back afterwards."""
     import torch
 
+    from callbacks.utils.launch_clock import mark_launch
     from recipes.fit import __file__ as fit_file
     from recipes.run.cell import EpochLines
     from recipes.run.cli import launch
@@ -239,6 +241,7 @@ def _in_kernel(args: list[str], name: str, experiment: str) -> Run:
     args = [*args, '--spot.signals=["SIGTERM", "SIGUSR1", "SIGINT"]']
     sys.argv = [fit_file, *args]  # what `python -m recipes.fit ...` shows: the run's note and manifest say so
     reset_stop_signals()  # an earlier launch's stop or wrap-up is not this one's (as run_cli does)
+    mark_launch()  # the bill starts at this call, not when the kernel did (the environment is put back below)
     try:
         outcome = launch(None, extra_callbacks=[EpochLines()], show_summary=False)  # parses sys.argv, as the CLI
     finally:

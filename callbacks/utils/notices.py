@@ -233,6 +233,8 @@ SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGINT": signa
 class SignalNotices:
     """Signal handlers that only record a notice (a flag; the training loop acts on it between steps).
 
+    A second SIGINT while the first one's notice is pending stops now, as the SIGINT handler found at install time
+    does (``KeyboardInterrupt`` by default): a person who presses Ctrl-C again wants the process to stop at once.
     Once :meth:`restore` ran, a signal that still reaches the handler (Lightning may re-install it
     when it restores its own) goes to the handler found at install time, as if never replaced.
     """
@@ -242,9 +244,17 @@ class SignalNotices:
         self.notify = notify
         self.active = False
         self.original: dict[int, Any] = {}
+        self.interrupts = 0  # SIGINTs taken while active
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.active:
+            if signum == signal.SIGINT:
+                self.interrupts += 1
+                if self.interrupts > 1:  # stop now, as the handler found at install time stops (Ctrl-C's default)
+                    previous = self.original.get(signum)
+                    if callable(previous) and previous is not self._on_signal:
+                        previous(signum, frame)
+                    raise KeyboardInterrupt
             self.notify(Notice("signal", signal.Signals(signum).name))
             return
         previous = self.original.get(signum, signal.SIG_DFL)

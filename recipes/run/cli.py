@@ -34,8 +34,6 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import MLFlowLogger
-from rich.console import Console
-from rich.table import Table
 
 from callbacks.analysis.keys import DEFAULT_METRIC
 from callbacks.baselines import Baselines
@@ -88,6 +86,7 @@ from recipes.run.context import (
     search_tags,
     torchrun_nodes,
 )
+from recipes.run.end_table import print_end_table
 from recipes.run.errors import lost_peer, machine_failure, out_of_space, parse_error_message
 from recipes.run.lock import RunLock, RunLocked
 from recipes.run.process import (
@@ -108,6 +107,7 @@ from recipes.run.process import (
     rank_exit_code,
     release_interrupted_frames,
     reset_stop_signals,
+    resume_line,
     stopping,
     wrap_up_done,
 )
@@ -138,6 +138,9 @@ class AtscaleCLI(LightningCLI):
         kwargs.setdefault("parser_kwargs", {"description": __doc__.splitlines()[0] if __doc__ else None})
         self.context: RunContext | None = None
         self.lock: RunLock | None = None
+        args = kwargs.get("args")  # the command line (None for a config given as a dict) names a run without a name
+        self.command_args = [str(a) for a in sys.argv[1:]] if args is None else \
+            [str(a) for a in args] if isinstance(args, (list, tuple)) else None
         #: Callbacks a caller adds to every launch (the Python API's progress lines), not part of the config.
         self.extra_callbacks: list[Callback] = list(extra_callbacks or [])
         #: Print the end table (the CLI); the Python API renders :attr:`summary` itself.
@@ -200,7 +203,7 @@ class AtscaleCLI(LightningCLI):
         apply_cpu_threads(cfg.get("cpu_threads", "auto"))
         experiment = cfg.experiment
         inherited = os.environ.get(ENV_RUN_NAME) if launched_by_parent() else None
-        run_name = cfg.run_name if cfg.run_name is not None else (inherited or default_run_name())
+        run_name = cfg.run_name if cfg.run_name is not None else (inherited or default_run_name(self.command_args))
         # names are directories under the runs root: they must stay inside it; URLs carry no credentials
         check_name("--experiment", experiment)
         check_name("--run_name", run_name)
@@ -486,19 +489,8 @@ class AtscaleCLI(LightningCLI):
         rows.append(("run dir", redact(self.context.location)))
         return title, rows
 
-    @staticmethod
-    def print_summary(title: str, rows: list[tuple[str, str]]) -> None:
-        """The end table, printed with rich (as wide as its longest row when stdout is not a terminal)."""
-        table = Table(title=title, show_header=False)
-        table.add_column("key", style="cyan")
-        table.add_column("value")
-        for key, value in rows:
-            table.add_row(key, value)
-        console = Console(stderr=False)
-        if not console.is_terminal:  # a log file or a pipe: as wide as the longest row, so paths print whole
-            widest = [max((len(c) for c in column.cells if isinstance(c, str)), default=0) for column in table.columns]
-            console = Console(stderr=False, width=max(100, sum(widest) + 3 * len(widest) + 1))  # + borders, padding
-        console.print(table)
+    #: The end table, printed with rich (recipes/run/end_table.py).
+    print_summary = staticmethod(print_end_table)
 
 
 def run_cli(args: list[str] | None = None, **kwargs: Any) -> int:
@@ -545,7 +537,10 @@ def launch(args: list[str] | None, **kwargs: Any) -> Launch:
     try:
         cli = AtscaleCLI(args=args, **kwargs)
         try:
-            return Launch(cli.fit(), cli)
+            code = cli.fit()
+            resume = resume_line(cli.trainer.global_step, cli.command_args) \
+                if code == REQUEUE_EXIT_CODE and cli.trainer.is_global_zero else None
+            return Launch(code, cli, resume, error=resume is not None)
         finally:
             cli._release_lock()  # this launch is over: an in-process caller (tests, a bench) may launch it again
     except AlreadyComplete as done:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import errno
+import hashlib
+import json
 import math
 import os
 import re
@@ -55,6 +57,7 @@ __all__ = [
     "check_output_dir",
     "check_output_file",
     "check_tracking_server",
+    "command_run_name",
     "find_run",
     "finite_float",
     "get_experiment",
@@ -110,6 +113,39 @@ def check_name(flag: str, value: object) -> str:
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         raise UsageError(f"{flag} {value!r} is not a valid name: expected {NAME_RULE}.")
     return value
+
+
+#: Options that choose how a command starts, not what it trains: a command's run name leaves them out, so the same
+#: command with ``--fresh true`` starts *its* run over and with ``--ckpt_path`` continues it from that file.
+_START_OPTIONS = ("--run_name", "--fresh", "--ckpt_path")
+
+
+def command_run_name(args: Sequence[str]) -> str:
+    """The name of the run a ``recipes.fit`` command trains when it names none: the same command, the same run.
+
+    ``<first config's stem>-<8 hex digits of the arguments>``: a scheduler that relaunches the job's command line
+    (a SLURM requeue, a Kubernetes Job restart, a SkyPilot recovery) resumes the run instead of starting another,
+    and a finished run relaunched says it is complete. ``--key=value`` and ``--key value`` are one argument; the
+    start options (:data:`_START_OPTIONS`) are left out. ``recipes.api.train`` names its runs by this rule from
+    the command line it builds, so a cell and the command it stands for share one run.
+    """
+    words: list[str] = []
+    for arg in args:
+        words += arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg]
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        if word in _START_OPTIONS:
+            skip = True
+            continue
+        kept.append(word)
+    configs = [kept[i + 1] for i, word in enumerate(kept[:-1]) if word == "--config"]
+    stem = re.sub(r"[^A-Za-z0-9._+=@-]", "-", Path(configs[0]).stem).lstrip("._+=@-")[:100] if configs else ""
+    digest = hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:8]
+    return f"{stem or 'run'}-{digest}"
 
 
 def finite_float(text: str) -> float:

@@ -26,6 +26,7 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from recipes.run.common import (
     ENV_RUN_NAME,
     ENV_RUN_TAGS,
     UsageError,
+    command_run_name,
 )
 from recipes.run.common import NAME_PATTERN as NAME_PATTERN  # the run names' rule, kept in the tools' module
 from recipes.run.common import NAME_RULE as NAME_RULE
@@ -191,17 +193,23 @@ def launched_by_parent() -> bool:
     return int(os.environ.get("LOCAL_RANK", "0")) > 0 and ENV_RUN_NAME in os.environ
 
 
-def default_run_name() -> str:
-    """A run name every rank and every relaunch of one scheduled job agrees on, when there is one."""
+def default_run_name(args: Sequence[str] | None) -> str:
+    """The run's name when ``--run_name`` gives none, the same for every rank and every relaunch of the command.
+
+    A scheduler's job identity where there is one (a SLURM job, a torchrun rendezvous id), else the command's own
+    name (:func:`recipes.run.common.command_run_name`): relaunching the same command resumes its run.
+    """
     if os.environ.get("SLURM_JOB_ID"):
         return f"slurm-{os.environ.get('SLURM_ARRAY_JOB_ID') or os.environ['SLURM_JOB_ID']}" + (
             f"-{os.environ['SLURM_ARRAY_TASK_ID']}" if os.environ.get("SLURM_ARRAY_TASK_ID") else "")
     if os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
         return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UsageError("several processes were launched without a shared run name: pass --run_name NAME "
-                         "(or torchrun --rdzv-id ID) so that every rank writes to the same run.")
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    if args is None:  # a config given as a dict or namespace (a test, a caller of its own): no command to name
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise UsageError("several processes were launched without a shared run name: pass --run_name NAME "
+                             "(or torchrun --rdzv-id ID) so that every rank writes to the same run.")
+        return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    return command_run_name(args)
 
 
 def torchrun_nodes() -> int | None:

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -328,3 +329,14 @@ def rank_exit_code(code: int, launched_by_parent: bool) -> int:
     """The exit code a rank reports: 0 for an orderly stop (75, 130) of a rank Lightning's launcher started, whose
     launching process reports it (the rule and why: :mod:`callbacks.utils.launcher`)."""
     return reported_exit_code(code, launched_by_parent, (REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE))
+
+
+def resume_line(step: int, command_args: list[str] | None) -> str:
+    """The line a notice's stop ends with: where it stopped, and the exact command that resumes the run (its URLs'
+    passwords masked)."""
+    from recipes.run.tracking import redact
+
+    how = "relaunch it with the same arguments" if command_args is None else \
+        "python -m recipes.fit " + shlex.join(redact(a) for a in command_args)
+    return f"atscale: stopped at step {step} on an interruption notice, checkpoint saved (exit {REQUEUE_EXIT_CODE}); " \
+           f"to resume: {how}"

@@ -217,6 +217,32 @@ def test_installing_twice_keeps_the_handler_found_first(usr1) -> None:
     assert signal.getsignal(signal.SIGUSR1) is recorder
 
 
+class Stopped(Exception):
+    """What the process's own SIGINT handler raises in the test below."""
+
+
+def test_a_second_sigint_stops_now_through_the_handler_found_at_install_time() -> None:
+    def own(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    saved = signal.signal(signal.SIGINT, own)
+    seen: list[Notice] = []
+    handlers = SignalNotices(["SIGTERM", "SIGINT"], seen.append)
+    try:
+        handlers.install()
+        handlers._on_signal(signal.SIGINT, None)  # the first Ctrl-C: a notice, saved at the next step
+        handlers._on_signal(signal.SIGTERM, None)  # a SIGTERM meanwhile changes nothing
+        assert seen == [Notice("signal", "SIGINT"), Notice("signal", "SIGTERM")]
+        with pytest.raises(Stopped):  # the second: stop now, as the process stops on a Ctrl-C
+            handlers._on_signal(signal.SIGINT, None)
+        handlers.original[signal.SIGINT] = signal.SIG_DFL  # no handler of Python's to call: Ctrl-C's exception
+        with pytest.raises(KeyboardInterrupt):
+            handlers._on_signal(signal.SIGINT, None)
+    finally:
+        handlers.restore()
+        signal.signal(signal.SIGINT, saved)
+
+
 def test_an_unknown_signal_name_is_refused() -> None:
     with pytest.raises(KeyError):
         SignalNotices(["SIGKILL"], print)

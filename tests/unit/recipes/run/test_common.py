@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import subprocess
 import sys
 
@@ -94,3 +97,29 @@ def test_every_tool_reports_a_bad_argument_in_one_line_and_exits_2(tool: str, ar
         code = exit_request.code
     assert code == USAGE_EXIT_CODE
     assert capsys.readouterr().err.splitlines() == [line]
+
+
+# ------------------------------------------------------------------------------ a command's run name
+
+
+def test_the_same_command_names_the_same_run_however_its_options_are_written() -> None:
+    from recipes.run.common import command_run_name
+
+    spaced = ["--config", "configs/digits.yaml", "--trainer.max_epochs", "3"]
+    name = command_run_name(spaced)
+    assert name == "digits-" + hashlib.sha256(json.dumps(spaced).encode()).hexdigest()[:8]
+    assert command_run_name(["--config=configs/digits.yaml", "--trainer.max_epochs=3"]) == name
+    # how it starts is not what it trains: --fresh starts this run over, --ckpt_path continues it from that file
+    assert command_run_name([*spaced, "--fresh", "true"]) == name
+    assert command_run_name(["--ckpt_path=runs/x/step=1.ckpt", *spaced]) == name
+    assert command_run_name([*spaced[:2], "--trainer.max_epochs", "4"]) != name
+    assert command_run_name([*spaced, "--config", "configs/strategy/ddp.yaml"]) != name
+
+
+def test_a_command_without_a_config_or_with_an_odd_file_name_still_gets_a_valid_name() -> None:
+    from recipes.run.common import NAME_PATTERN, command_run_name
+
+    assert re.fullmatch(r"run-[0-9a-f]{8}", command_run_name(["--model", "recipes.classifier.Classifier"]))
+    odd = command_run_name(["--config", "my configs/ünïcode run.yaml"])
+    assert NAME_PATTERN.fullmatch(odd) and re.fullmatch(r"n-code-run-[0-9a-f]{8}", odd)
+    assert re.fullmatch(r"run-[0-9a-f]{8}", command_run_name(["--config", "__.yaml"]))

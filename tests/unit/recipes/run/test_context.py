@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -175,20 +176,28 @@ def test_launched_by_parent_needs_a_further_local_rank_and_the_parents_run_name(
 def test_a_scheduled_job_names_its_run_the_same_on_every_rank(launch_env, env, name) -> None:
     for key, value in env.items():
         launch_env.setenv(key, value)
-    assert default_run_name() == name
+    assert default_run_name(["--config", "configs/digits.yaml"]) == name
 
 
-def test_a_run_name_of_its_own_is_the_time_and_four_hex_digits(launch_env) -> None:
+def test_a_command_without_a_scheduler_is_named_by_its_arguments(launch_env) -> None:
     launch_env.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's value without --rdzv-id
+    args = ["--config", "configs/digits.yaml", "--data.num_workers", "2"]
+    name = default_run_name(args)
+    assert name == "digits-" + hashlib.sha256(json.dumps(args).encode()).hexdigest()[:8]
+    launch_env.setenv("WORLD_SIZE", "2")  # every rank of torchrun without --rdzv-id has the same command line
+    assert default_run_name(args) == name
+
+
+def test_a_config_given_as_a_dict_gets_the_time_and_four_hex_digits(launch_env) -> None:
     launch_env.setattr(time, "strftime", lambda fmt: "20261206-183000")
-    assert re.fullmatch(r"20261206-183000-[0-9a-f]{4}", default_run_name())
+    assert re.fullmatch(r"20261206-183000-[0-9a-f]{4}", default_run_name(None))
 
 
 def test_several_processes_without_a_shared_name_are_refused(launch_env) -> None:
     launch_env.setenv("WORLD_SIZE", "2")
     with pytest.raises(UsageError, match=r"^several processes were launched without a shared run name: pass "
                                          r"--run_name NAME \(or torchrun --rdzv-id ID\)"):
-        default_run_name()
+        default_run_name(None)
 
 
 @pytest.mark.parametrize(("env", "nodes"), [
