@@ -70,7 +70,7 @@ and to the MLflow run.
 
 Copy with it (paths under ``callbacks/``, each folder with an ``__init__.py``):
 ``analysis/{cost_model,prices,goodput,keys}.py``, ``analysis/prices.yaml`` and
-``utils/{steps_file,goodput_clock,launch_clock,compat,goodput_plot}.py``.
+``utils/{steps_file,goodput_clock,launch_clock,compat,goodput_plot,cost_rows}.py``.
 """
 
 from __future__ import annotations
@@ -90,9 +90,10 @@ from .analysis import goodput, keys
 from .analysis.cost_model import run_cost, savings_pct
 from .analysis.prices import MARKETS, Instance, get_instance, load_catalog, price_for, with_overrides
 from .utils.compat import time_every_save
+from .utils.cost_rows import CostRows
 from .utils.goodput_clock import GoodputClock
 from .utils.launch_clock import launch_age_s
-from .utils.steps_file import PROGRESS_FILE, StepsFile, read_steps_run
+from .utils.steps_file import PROGRESS_FILE, StepsFile, read_first_launch, read_steps_run, write_first_launch
 
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
@@ -115,11 +116,7 @@ def default_instances(instance: Instance, world_size: int, num_nodes: int) -> in
     return max(1, int(num_nodes), math.ceil(world_size / instance.gpus))
 
 
-def _usd(value: float) -> str:
-    return f"${value:,.2f}" if value >= 1 else f"${value:.4f}"
-
-
-class CostTracker(Callback):
+class CostTracker(CostRows, Callback):
     """Log what the run costs so far, on both markets, what interruptions wasted, and what it will cost.
 
     Args:
@@ -206,6 +203,11 @@ class CostTracker(Callback):
         # The job so far, before this attempt's clock started (restored from a checkpoint).
         self._base_wall_s = 0.0
         self._base_instance_s = 0.0
+        #: Dollars of the job before this attempt, each launch at its own instance's prices (None: that market
+        #: had no price on some earlier launch's instance); and those launches' segments (see :meth:`segments`).
+        self._base_usd: dict[str, float | None] = {"chosen": 0.0, "on_demand": 0.0, "spot": 0.0}
+        self._earlier: list[dict[str, Any]] = []
+        self._final_instance_s: float | None = None
         self._gap_s = 0.0  # restart gap billed at this attempt's start
         self.restart_s_total = 0.0
         self.lost_steps = 0
@@ -251,9 +253,43 @@ class CostTracker(Callback):
         return self._base_instance_s + (self.elapsed_s() if elapsed_s is None else elapsed_s) * (self.instances or 1)
 
     def usd(self, market: str | None = None, instance_s: float | None = None) -> float:
-        """Cost of ``instance_s`` (default: so far) on ``market`` (default: the chosen one)."""
+        """The job's cost with ``instance_s`` billed so far (default: now) on ``market`` (default: the chosen one):
+        earlier launches at their own instance's prices, this launch's seconds at this instance's.
+
+        Raises:
+            ValueError: ``market`` has no price on this instance, or had none on an earlier launch's.
+        """
+        key = "chosen" if market is None else market
+        base = self._base_usd.get(key)
+        if base is None:
+            raise ValueError(f"an earlier launch's instance has no {market} price")
         price = self.price if market is None else price_for(self.instance, market)
-        return run_cost((self.instance_s() if instance_s is None else instance_s) / 3600.0, price)
+        spent = (self.instance_s() if instance_s is None else instance_s) - self._base_instance_s
+        return base + run_cost(spent / 3600.0, price)
+
+    def _usd_or_none(self, market: str | None, instance_s: float) -> float | None:
+        try:
+            return self.usd(market, instance_s)
+        except ValueError:  # no price for that market here, or on an earlier launch's instance
+            return None
+
+    def segments(self, instance_s: float | None = None) -> list[dict[str, Any]]:
+        """The job's bill by launch: ``{"instance", "market", "instances", "billed_s", "usd"}`` for each run of
+        launches on one instance, market and count (a relaunch elsewhere starts a new one), this launch's last.
+
+        A launch's segment holds its seconds up to its last checkpoint; what followed (the work lost, the time
+        down, the relaunch's start-up: the restart gap) is billed with the relaunch, at its instance's price.
+        """
+        spent = (self.instance_s() if instance_s is None else instance_s) - self._base_instance_s
+        now = {"instance": self.instance.name, "market": self.market, "instances": int(self.instances or 1),
+               "billed_s": spent / float(self.instances or 1), "usd": run_cost(spent / 3600.0, self.price)}
+        out = [dict(s) for s in self._earlier]
+        if out and all(out[-1][k] == now[k] for k in ("instance", "market", "instances")):
+            out[-1]["billed_s"] += now["billed_s"]
+            out[-1]["usd"] += now["usd"]
+        else:
+            out.append(now)
+        return out
 
     def mean_step_s(self) -> float | None:
         """Mean seconds per optimizer step over the job's timed steps, or None before the first."""
@@ -264,9 +300,10 @@ class CostTracker(Callback):
         elapsed = self.elapsed_s()
         instance_s = self.instance_s(elapsed)
         usd = self.usd(instance_s=instance_s)
+        self._final_instance_s = instance_s  # the end table's launch rows add up to this reading
         out = {keys.COST_KEY: usd, keys.COST_ON_DEMAND_KEY: self.usd("on_demand", instance_s)}
         spot_price = self.instance.spot_usd_per_h
-        if spot_price is not None:
+        if spot_price is not None and self._base_usd.get("spot") is not None:
             out[keys.COST_SPOT_KEY] = self.usd("spot", instance_s)
             if self.instance.on_demand_usd_per_h > 0:
                 out[keys.SAVINGS_KEY] = savings_pct(spot_price, self.instance.on_demand_usd_per_h)
@@ -279,7 +316,10 @@ class CostTracker(Callback):
             out[keys.PROJECTED_COST_KEY] = usd + run_cost(remaining * recent / 3600.0, self.price, instances)
         out.update({keys.BILLED_KEY: self.billed_s(elapsed), keys.INSTANCES_KEY: float(instances),
                     keys.LOST_STEPS_KEY: float(self.lost_steps), keys.RESTART_KEY: self.restart_s_total})
-        out.update(goodput.metrics(self.ledger(), self.price))
+        # the ledger's dollars at the job's mean price per instance-hour: they add up to cost/usd across launches
+        # on other instances (the seconds are what each category is)
+        mean_price = usd / (instance_s / 3600.0) if instance_s > 0 else self.price
+        out.update(goodput.metrics(self.ledger(), mean_price))
         return out
 
     # ------------------------------------------------------------------ ledger
@@ -402,11 +442,37 @@ class CostTracker(Callback):
             if self.restart_s is not None:
                 spawn = 0.0  # a fixed restart bill says nothing of what the gap held
             self._clock.gap = goodput.split_gap(self._gap_s, spawn, float(self.instances or 1))
+        elif trainer.is_global_zero:
+            self._bill_earlier_launches(trainer)
         if trainer.is_global_zero:
             self._steps_file = StepsFile(self._progress_dir(trainer))
             self._write_progress(trainer)
             if self._resumed_step is not None:
                 self._log(trainer)
+
+    def _bill_earlier_launches(self, trainer: Trainer) -> None:
+        """A start without a checkpoint: bill the launches of this run that died before writing one.
+
+        Their time is nowhere in a checkpoint; the first one's start is recorded beside the steps file. The time
+        from it to this launch's start is billed as a restart gap (what those launches ran, then the time down)
+        and their steps as redone work, as a resume from a checkpoint of step 0 saved at that start would be. A
+        record of another MLflow run (a failed first launch whose corrected relaunch opened a new run) is not
+        carried over.
+        """
+        directory = self._progress_dir(trainer)
+        run_id = next((str(rid) for lg in trainer.loggers if (rid := getattr(lg, "run_id", None))), "")
+        first = read_first_launch(directory)
+        if first is None or first[1] != run_id or first[0] >= self._t0_wall:
+            write_first_launch(directory, self._t0_wall, run_id)
+            return
+        ran = read_steps_run(directory / PROGRESS_FILE) or 0
+        self._gap_s = self.restart_s if self.restart_s is not None else self._t0_wall - first[0]
+        self.restart_s_total = self._gap_s
+        self.lost_steps = ran
+        self._clock.redo_until = trainer.global_step + ran
+        self._clock.gap = goodput.split_gap(self._gap_s, 0.0, float(self.instances or 1))
+        log.warning("CostTracker: earlier launches of this run ended before any checkpoint (%d steps lost); "
+                    "billing the %.1f s since the first one's start as a restart.", ran, self._gap_s)
 
     @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
@@ -457,30 +523,10 @@ class CostTracker(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         self._clock.train_end(time.monotonic())
         self._log(trainer)
+        if trainer.is_global_zero:
+            self._tag_segments(trainer)
         if self.plot and trainer.is_global_zero and self._final:
             self.plot_path = self._write_plot(trainer)
-
-    def _write_plot(self, trainer: Trainer) -> Path | None:
-        from .utils.goodput_plot import plot_goodput  # matplotlib: only when a plot is drawn
-
-        path = self._progress_dir(trainer).parent / "goodput.png"
-        ledger = self.ledger()
-        other = "spot" if self.market == "on_demand" else "on_demand"
-        try:
-            other_price = price_for(self.instance, other)
-        except ValueError:
-            other_price = None
-        try:
-            plot_goodput(path, ledger, self.price, self.market, other_price, other)
-        except (OSError, ValueError) as err:
-            log.warning("CostTracker: could not write %s (%s).", path, err)
-            return None
-        for logger in trainer.loggers:
-            run_id = getattr(logger, "run_id", None)
-            experiment = getattr(logger, "experiment", None)
-            if run_id and hasattr(experiment, "log_artifact"):
-                experiment.log_artifact(run_id, str(path))
-        return path
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -503,10 +549,14 @@ class CostTracker(Callback):
     def state_dict(self) -> dict[str, Any]:
         now = time.monotonic()
         elapsed = self._gap_s + (now - self._t0_mono)
+        instance_s = self.instance_s(elapsed)
         return {
             **self._clock.state(now, float(self.instances or 1), self._gap_s),
             "billed_s": self.billed_s(elapsed),
-            "instance_s": self.instance_s(elapsed),
+            "instance_s": instance_s,
+            "usd": {key: self._usd_or_none(None if key == "chosen" else key, instance_s)
+                    for key in ("chosen", "on_demand", "spot")},
+            "segments": self.segments(instance_s),
             "saved_at": time.time(),
             "lost_steps": self.lost_steps,
             "restart_s_total": self.restart_s_total,
@@ -529,63 +579,18 @@ class CostTracker(Callback):
             self._gap_s = self.restart_s if self.restart_s is not None else self._t0_wall - saved_at
         self._base_wall_s = float(state_dict["billed_s"])
         self._base_instance_s = float(state_dict["instance_s"])
+        saved_usd = state_dict.get("usd")
+        if isinstance(saved_usd, dict):  # each earlier launch at its own instance's prices
+            self._base_usd = {k: None if saved_usd.get(k) is None else float(saved_usd[k])
+                              for k in ("chosen", "on_demand", "spot")}
+        else:  # a checkpoint that kept seconds only: they are priced as this instance's
+            prices = {"chosen": self.price, "on_demand": self.instance.on_demand_usd_per_h,
+                      "spot": self.instance.spot_usd_per_h}
+            self._base_usd = {k: None if p is None else run_cost(self._base_instance_s / 3600.0, p)
+                              for k, p in prices.items()}
+        self._earlier = [dict(s) for s in state_dict.get("segments") or []]
         self.restart_s_total = float(state_dict.get("restart_s_total", 0.0)) + self._gap_s
         self.lost_steps = int(state_dict.get("lost_steps", 0))
         self._step_s_total = float(state_dict.get("step_s_total", 0.0))
         self._steps_timed = int(state_dict.get("steps_timed", 0))
         self._clock.load(state_dict, self._base_wall_s, self._base_instance_s)
-
-    # ----------------------------------------------------------------- summary
-    def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
-        """Rows for the CLI's end table: the bill, both markets, and what interruptions wasted."""
-        final = self._final
-        if not final:
-            return []
-        hours = final[keys.BILLED_KEY] / 3600.0
-        instances = int(final[keys.INSTANCES_KEY])
-        rows = [("cost", f"{_usd(final[keys.COST_KEY])} {self.market.replace('_', '-')} "
-                         f"({instances} x {self.instance.name}, {hours:.3f} h billed)")]
-        if keys.COST_SPOT_KEY in final:
-            saving = f", spot saves {final[keys.SAVINGS_KEY]:.1f}%" if keys.SAVINGS_KEY in final else ""
-            rows.append(("cost on-demand / spot",
-                         f"{_usd(final[keys.COST_ON_DEMAND_KEY])} / {_usd(final[keys.COST_SPOT_KEY])}{saving}"))
-        if self.lost_steps or self.restart_s_total:
-            rows.append(("cost of interruptions",
-                         f"{_usd(final[keys.LOST_WORK_KEY])} lost work ({self.lost_steps} steps redone x "
-                         f"{(self.mean_step_s() or 0.0) * 1e3:.1f} ms mean step), "
-                         f"{self.restart_s_total:.0f} s of restarts billed"))
-        rows.extend(self.goodput_rows())
-        return rows
-
-    def goodput_rows(self) -> list[tuple[str, str]]:
-        """The ledger's rows: the goodput share and the three largest badputs in dollars, on both markets."""
-        final = self._final
-        if keys.GOODPUT_SHARE_KEY not in final:
-            return []
-        seconds = {k[len(keys.GOODPUT_PREFIX):-2]: v for k, v in final.items()
-                   if k.startswith(keys.GOODPUT_PREFIX) and k.endswith("_s")}
-        usd = {k: final[keys.goodput_usd_key(k)] for k in seconds}
-        other = "spot" if self.market == "on_demand" else "on_demand"
-        try:
-            ratio = price_for(self.instance, other) / self.price if self.price > 0 else None
-        except ValueError:
-            ratio = None
-        rows = [("goodput", f"{final[keys.GOODPUT_SHARE_KEY]:.1%} of {final[keys.BILLED_KEY]:.1f} s billed bought "
-                            f"steps that count ({seconds['productive']:.1f} s, {_usd(usd['productive'])})")]
-        # on a free instance (cpu-local) every badput is $0: the largest are then the longest
-        ranked = goodput.largest_badputs(usd if any(v > 0 for v in usd.values()) else seconds)
-        for category, _ in ranked:
-            dollars = usd[category]
-            text = f"{_usd(dollars)} {self.market.replace('_', '-')}"
-            if ratio is not None:
-                text += f" / {_usd(dollars * ratio)} {other.replace('_', '-')}"
-            rows.append((f"  badput: {goodput.LABELS[category]}", f"{seconds[category]:.1f} s, {text}"))
-        clock = self._clock
-        if self.lost_steps and clock.rerun_steps:
-            rows.append(("  reruns measured", f"{clock.rerun_steps} steps in {clock.rerun_s:.1f} s "
-                                              f"({clock.rerun_s / clock.rerun_steps * 1e3:.1f} ms a step; the lost "
-                                              f"first runs are charged at the {(self.mean_step_s() or 0) * 1e3:.1f} "
-                                              "ms mean step)"))
-        if self.plot_path is not None:
-            rows.append(("goodput ledger", str(self.plot_path)))
-        return rows

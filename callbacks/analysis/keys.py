@@ -267,6 +267,9 @@ PRUNED_TAG = "pruned"
 PRUNED_AT_TAG = "pruned_at_epoch"
 #: A recipes.scale parent's better-fitting law (``amdahl`` or ``usl``).
 BEST_LAW_TAG = "atscale.best_law"
+#: Set by CostTracker when a run's launches ran on more than one instance, market or count: JSON, a list of
+#: ``{"instance", "market", "instances", "billed_s", "usd"}`` in launch order (each at its own rate).
+COST_SEGMENTS_TAG = "atscale.cost_segments"
 #: Set by ``recipes.reproduce`` on a rerun: the id of the run it reproduces.
 REPRODUCES_TAG = "reproduces"
 #: The search tags of every training run (recipes/run/context.py): its config files, LightningModule and

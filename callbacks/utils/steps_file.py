@@ -12,7 +12,9 @@ import logging
 import os
 from pathlib import Path
 
-__all__ = ["PROGRESS_FILE", "StepsFile", "read_steps_run"]
+__all__ = [
+    "FIRST_LAUNCH_FILE", "PROGRESS_FILE", "StepsFile", "read_first_launch", "read_steps_run", "write_first_launch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +53,28 @@ class StepsFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+#: The first launch's start of a run that has no checkpoint yet, beside the steps file: a relaunch that finds it
+#: bills the launches that died before any checkpoint (their time, and the gap since, as a restart).
+FIRST_LAUNCH_FILE = "cost_first_launch.txt"
+
+
+def read_first_launch(directory: Path) -> tuple[float, str] | None:
+    """``(wall-clock start, MLflow run id or "")`` of the run's first launch, or None when not recorded."""
+    try:
+        started, _, run_id = (Path(directory) / FIRST_LAUNCH_FILE).read_text().strip().partition(" ")
+        return float(started), run_id.strip()
+    except (OSError, ValueError):
+        return None
+
+
+def write_first_launch(directory: Path, started: float, run_id: str | None) -> None:
+    """Record the first launch's start (and the MLflow run it logs to); warned about, never raised, when unwritable."""
+    path = Path(directory) / FIRST_LAUNCH_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{started!r} {run_id or ''}\n")
+    except OSError as err:
+        log.warning("CostTracker: cannot write %s (%s); a launch killed before its first checkpoint will not be "
+                    "billed to its relaunch.", path, err)

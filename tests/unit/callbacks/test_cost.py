@@ -146,7 +146,10 @@ def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: 
     assert state == {"billed_s": 8.0, "instance_s": 8.0, "saved_at": 1_000_008.0, "lost_steps": 0,
                      "restart_s_total": 0.0, "step_s_total": 6.0, "steps_timed": 3,  # the first step apart
                      "goodput_first_steps": [["productive", 2.0, 2.0]],  # step 1, apart (see resolve_first_steps)
-                     "goodput_reruns": [0.0, 0]}
+                     "goodput_reruns": [0.0, 0],
+                     "usd": {"chosen": usd(8), "on_demand": 8 / 3600 * ON_DEMAND, "spot": usd(8)},
+                     "segments": [{"instance": "a3-highgpu-1g", "market": "spot", "instances": 1, "billed_s": 8.0,
+                                   "usd": usd(8)}]}
     assert ledger["seconds"] == {"startup": 0.0, "productive": 6.0, "data_wait": 0.0, "checkpoint": 0.0}  # steps 2-4
 
     # 30 s down, then the relaunch: gap = relaunch start (t = 42) - save (t = 8) = 34 s
@@ -381,3 +384,64 @@ def test_goodput_plot_beside_the_run(tmp_path: Path, clock: FakeTime) -> None:
     assert tracker.plot_path == tmp_path / "goodput.png"
     assert tracker.plot_path.read_bytes()[:4] == b"\x89PNG"
     assert tracker.summary_rows({})[-1] == ("goodput ledger", str(tmp_path / "goodput.png"))
+
+
+class RunLogger(RecordingLogger):
+    """A recording logger of one MLflow run (the tracker keys its first-launch record by the run id)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+
+@pytest.mark.parametrize(("second_run", "billed", "lost"), [
+    ("r1", 11.0 + 5.0 + 23.0, 4.0),  # the same MLflow run: the dead launch and the time down are billed
+    ("r2", 23.0, 0.0),  # a corrected relaunch that opened another MLflow run starts its own bill
+])
+def test_a_launch_killed_before_any_checkpoint_is_billed_to_its_relaunch(tmp_path: Path, clock: FakeTime,
+                                                                         second_run: str, billed: float,
+                                                                         lost: float) -> None:
+    first = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5, plot=False)
+    clock.advance(3.0)
+    _trainer(tmp_path, [first], RunLogger("r1"), max_steps=4).fit(TimedModel(clock))  # 3 s + 4 x 2 s, no checkpoint
+    clock.advance(5.0)  # killed; down 5 s; relaunched
+    logger = RunLogger(second_run)
+    second = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5, plot=False)
+    clock.advance(3.0)
+    _trainer(tmp_path, [second], logger).fit(TimedModel(clock))
+    final = logger.calls[-1][1]
+    assert final["cost/billed_s"] == billed
+    assert final["cost/lost_steps"] == lost and final["cost/restart_s"] == billed - 23.0
+    assert final["cost/usd"] == pytest.approx(usd(billed), rel=1e-12)
+    # the ledger still sums to the bill: the dead launch's steps are redone, the rest of the gap a restart
+    assert final["goodput/redone_s"] == pytest.approx(lost * STEP_S)
+    assert sum(v for k, v in final.items() if k.startswith("goodput/") and k.endswith("_s")) == pytest.approx(billed)
+
+
+def test_a_relaunch_on_another_instance_prices_each_launch_at_its_own_rate(tmp_path: Path, clock: FakeTime) -> None:
+    """A spot fallback: 8 s on an A100 (a2-highgpu-1g spot, $1.293/h) up to the checkpoint, then the relaunch on an H100
+    (a3-highgpu-1g spot, $4.42/h): its gap and its own seconds at the H100's price, the A100's 8 s at the A100's."""
+    ckpt = tmp_path / "resume.ckpt"
+    first = CostTracker(instance="a2-highgpu-1g", market="spot", log_every_n_steps=5, plot=False)
+    _trainer(tmp_path, [first, SaveThenDie(ckpt, save_at=4, die_at=6)], RecordingLogger()).fit(TimedModel(clock))
+    clock.advance(30.0)  # down
+    logger = RecordingLogger()
+    second = CostTracker(instance="a3-highgpu-1g", market="spot", log_every_n_steps=5, plot=False)
+    _trainer(tmp_path, [second], logger).fit(TimedModel(clock), ckpt_path=ckpt)
+    final = logger.calls[-1][1]
+    a100, h100 = 1.293, 4.42
+    # saved at 8 s (4 steps x 2 s); the gap 4 s lost + 30 s down = 34 s; the relaunch 6 steps x 2 s = 12 s
+    assert final["cost/billed_s"] == 8.0 + 34.0 + 12.0
+    assert final["cost/usd"] == pytest.approx(8 / 3600 * a100 + 46 / 3600 * h100, rel=1e-12)  # not 54 s at $4.42
+    assert final["cost/usd_on_demand"] == pytest.approx(8 / 3600 * 3.673 + 46 / 3600 * 11.06, rel=1e-12)
+    assert second.segments() == [
+        {"instance": "a2-highgpu-1g", "market": "spot", "instances": 1, "billed_s": 8.0,
+         "usd": pytest.approx(8 / 3600 * a100)},
+        {"instance": "a3-highgpu-1g", "market": "spot", "instances": 1, "billed_s": 46.0,
+         "usd": pytest.approx(46 / 3600 * h100)}]
+    assert final["cost/usd"] == pytest.approx(sum(s["usd"] for s in second.segments()), rel=1e-12)
+    # the ledger's dollars add up to the bill across both prices
+    assert sum(v for k, v in final.items() if k.startswith("goodput/") and k.endswith("_usd")) == \
+        pytest.approx(final["cost/usd"], rel=1e-9)
+    assert dict(second.summary_rows({}))["cost by launch"] == (
+        "a2-highgpu-1g spot x1: 8.0 s, $0.0029; a3-highgpu-1g spot x1: 46.0 s, $0.0565")
