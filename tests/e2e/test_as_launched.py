@@ -10,6 +10,7 @@ ends bitwise equal to the same command run uninterrupted elsewhere, in one FINIS
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -135,3 +136,40 @@ def test_a_launch_a_shell_execd_after_other_work_is_billed_from_its_own_start(tm
     # billed: from the launch's start to its last log at train end; the rest of the launch is its exit
     assert launch_wall - 1.0 < billed <= launch_wall, (billed, launch_wall)
     assert startup < launch_wall - (run.data.metrics["goodput/productive_s"] or 0), (startup, launch_wall)
+
+
+@pytest.mark.serial  # it compares a bill with the wall clock: alone, not beside another worker's load
+def test_launches_killed_before_and_after_a_checkpoint_and_a_relaunch_elsewhere_are_all_billed(tmp_path: Path) -> None:
+    """Launch 1 (a2-highgpu-1g spot) is SIGKILLed at step 20, before any checkpoint; launch 2 (the same) at step 60,
+    after epoch 0's checkpoint (step 45); launch 3 comes back on a3-highgpu-1g and finishes. The bill covers the wall
+    clock from launch 1's start to launch 3's end, and its dollars are the launches' segments, each at its rate."""
+    kills = [json.dumps({"class_path": "tests.faults.KillOnce",
+                         "init_args": {"step": step, "marker": str(tmp_path / f"killed-{step}")}}) for step in (20, 60)]
+    base = ["--config", str(CONFIGS / "digits.yaml"), "--trainer.max_epochs", "2", "--log_model", "false",
+            "--system_metrics", "false", "--run_name", "k", "--cost.market", "spot", *FAST,
+            *(f"--trainer.callbacks+={k}" for k in kills)]
+    started = time.monotonic()
+    for instance in ("a2-highgpu-1g", "a2-highgpu-1g"):
+        # new interpreters, as users launch: a fork of the test zygote would start after the zygote's own imports
+        proc = start_fit(tmp_path, *base, "--cost.instance", instance, start_new_session=True, real=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == -signal.SIGKILL, err[-3000:]
+        time.sleep(2.0)  # down
+    last = run_fit(tmp_path, *base, "--cost.instance", "a3-highgpu-1g", real=True)
+    wall = time.monotonic() - started
+    assert last.returncode == 0, last.stderr[-3000:]
+    assert "(step 45)." in last.stderr  # resumed from epoch 0's checkpoint, written by launch 2
+    (run,) = runs_of(tmp_path, "digits")
+    metrics = run.data.metrics
+    # the clock runs from launch 1's start to launch 3's last log; only launch 3's exit is outside it
+    assert wall - 2.0 < metrics["cost/billed_s"] <= wall, (metrics["cost/billed_s"], wall)
+    # launch 1's steps and launch 2's after its checkpoint (the steps file is written after each step's callbacks:
+    # the one in flight at a kill may be missing)
+    assert 19 + 14 <= metrics["cost/lost_steps"] <= 20 + 15
+    segments = json.loads(run.data.tags["atscale.cost_segments"])
+    assert [(s["instance"], s["market"]) for s in segments] == [("a2-highgpu-1g", "spot"), ("a3-highgpu-1g", "spot")]
+    assert sum(s["billed_s"] for s in segments) == pytest.approx(metrics["cost/billed_s"], rel=1e-9)
+    assert sum(s["usd"] for s in segments) == pytest.approx(metrics["cost/usd"], rel=1e-9)
+    assert segments[0]["usd"] == pytest.approx(segments[0]["billed_s"] / 3600 * 1.293, rel=1e-9)
+    assert segments[1]["usd"] == pytest.approx(segments[1]["billed_s"] / 3600 * 4.42, rel=1e-9)
