@@ -232,9 +232,9 @@ class CostTracker(CostRows, Callback):
         self._comm_source: Any = None
 
     # ---------------------------------------------------------------- arithmetic
-    def elapsed_s(self) -> float:
-        """Seconds billed to this attempt: its restart gap plus its clock since construction."""
-        return self._gap_s + (time.monotonic() - self._t0_mono)
+    def elapsed_s(self, now: float | None = None) -> float:
+        """Seconds billed to this attempt at ``now`` (default: now): its restart gap plus its clock since its start."""
+        return self._gap_s + ((time.monotonic() if now is None else now) - self._t0_mono)
 
     def billed_s(self, elapsed_s: float | None = None) -> float:
         """The job's wall seconds so far (per instance), all attempts and restart gaps included.
@@ -297,7 +297,8 @@ class CostTracker(CostRows, Callback):
 
     def metrics(self, trainer: Trainer) -> dict[str, float]:
         """The ``cost/*`` values now (see the module docstring), from one reading of the clock."""
-        elapsed = self.elapsed_s()
+        now = time.monotonic()  # one reading for the bill and its ledger: they add up exactly
+        elapsed = self.elapsed_s(now)
         instance_s = self.instance_s(elapsed)
         usd = self.usd(instance_s=instance_s)
         self._final_instance_s = instance_s  # the end table's launch rows add up to this reading
@@ -319,14 +320,15 @@ class CostTracker(CostRows, Callback):
         # the ledger's dollars at the job's mean price per instance-hour: they add up to cost/usd across launches
         # on other instances (the seconds are what each category is)
         mean_price = usd / (instance_s / 3600.0) if instance_s > 0 else self.price
-        out.update(goodput.metrics(self.ledger(), mean_price))
+        out.update(goodput.metrics(self.ledger(now), mean_price))
         return out
 
     # ------------------------------------------------------------------ ledger
-    def ledger(self) -> goodput.Ledger:
-        """The job's goodput ledger now: categories of :mod:`callbacks.analysis.goodput`, summing to the bill."""
-        return self._clock.ledger(time.monotonic(), float(self.instances or 1), self._gap_s, self.mean_step_s(),
-                                  self._comm_share(), self.lost_steps)
+    def ledger(self, now: float | None = None) -> goodput.Ledger:
+        """The job's goodput ledger at ``now`` (default: now): categories of :mod:`callbacks.analysis.goodput`, summing
+        to the bill."""
+        return self._clock.ledger(time.monotonic() if now is None else now, float(self.instances or 1), self._gap_s,
+                                  self.mean_step_s(), self._comm_share(), self.lost_steps)
 
     def _comm_share(self) -> float:
         """Exposed communication / step time over the run's timed steps (StepTiming's totals), or 0."""

@@ -7,7 +7,7 @@ rank and every relaunch.
 The training loader is :func:`datamodules.loaders.stateful_train_loader`: a resumed run sees exactly
 the batches an uninterrupted run would have seen.
 
-Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``.
+Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``, ``worker_signals.py``.
 """
 
 from __future__ import annotations

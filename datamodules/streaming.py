@@ -25,7 +25,7 @@ A read that keeps failing (the bucket is gone, the credentials were revoked) is 
 then ends the run with one line, ``atscale: the streamed data at <url> cannot be read ...``, and exit code 75: the
 relaunch resumes from the newest checkpoint, as after a spot interruption.
 
-Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``.
+Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``, ``worker_signals.py``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ padding).
 ``baseline_bits_per_byte()`` gives the add-one-smoothed unigram and bigram models' bits per byte,
 counted on the train split and scored on exactly the bytes the model's ``val/bpb`` scores.
 
-Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``.
+Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``, ``worker_signals.py``.
 """
 
 from __future__ import annotations

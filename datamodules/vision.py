@@ -28,7 +28,7 @@ Config example (the ``data`` section of a recipe config)::
         batch_size: 256
         val_fraction: 0.1      # 45,000 train / 5,000 val images
 
-Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``.
+Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``, ``worker_signals.py``.
 """
 
 from __future__ import annotations

@@ -645,7 +645,7 @@ def run_in_project(project: Path, script: str, timeout: float = 300) -> subproce
 def test_every_callback_and_datamodule_has_a_script() -> None:
     assert sorted(CALLBACKS) == sorted(set(SCRIPTS) - set(DATAMODULES) - set(TASKS))
     assert sorted(p.stem for p in (REPO / "datamodules").glob("*.py")) == sorted(
-        ["__init__", "loaders", "compat", *DATAMODULES])
+        ["__init__", "loaders", "compat", "worker_signals", *DATAMODULES])
 
 
 def test_copy_lists_are_read_as_written() -> None:
@@ -658,9 +658,10 @@ def test_copy_lists_are_read_as_written() -> None:
                                                          "analysis/goodput.py", "analysis/keys.py",
                                                          "analysis/prices.yaml",
                                                          "utils/steps_file.py", "utils/goodput_clock.py",
-                                                         "utils/compat.py", "utils/goodput_plot.py"]
+                                                         "utils/launch_clock.py", "utils/compat.py",
+                                                         "utils/goodput_plot.py", "utils/cost_rows.py"]
     assert copy_list(REPO / "callbacks" / "progress.py") == ["utils/compat.py"]
-    assert copy_list(REPO / "datamodules" / "text.py") == ["loaders.py", "compat.py"]
+    assert copy_list(REPO / "datamodules" / "text.py") == ["loaders.py", "compat.py", "worker_signals.py"]
     assert copy_list(REPO / "recipes" / "classifier.py") == ["metrics.py", "run/errors.py",
                                                              "callbacks/analysis/decision_cost.py",
                                                              "callbacks/analysis/keys.py"]
