@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from recipes.run.common import USAGE_EXIT_CODE
-from recipes.soak.faults import KINDS, RANK_KINDS, STORE_KINDS, PlannedFault, plan_faults
+from recipes.soak.faults import KINDS, RANK_KINDS, STORE_KINDS, WORKER_KINDS, PlannedFault, plan_faults
 from recipes.soak.observe import observer_pool
 from recipes.soak.report import build_report, print_report
 from recipes.soak.soak import Soak
@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "MLflow store and disk): 2 uses both cores of a 2-core machine, and times then "
                              "include the other chain's load")
     parser.add_argument("--ddp", action="store_true", help="every launch (and the reference) with the DDP fragment")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="loader worker processes of every launch (and the reference), as users load data: a "
+                             "signal to the process group reaches them too (group_signal needs at least 1)")
     parser.add_argument("--epochs", type=int, default=2, help="trainer.max_epochs of the run (45 steps each)")
     parser.add_argument("--batches", type=int, default=0,
                         help="trainer.limit_train_batches of the run (0: whole epochs)")
@@ -77,7 +80,7 @@ def validate(args: argparse.Namespace) -> str | None:
     store = getattr(args, "store", "local")
     if args.kinds is None:
         args.kinds = ",".join(k for k in KINDS if (store == "s3" or k not in STORE_KINDS)
-                              and (args.ddp or k not in RANK_KINDS))
+                              and (args.ddp or k not in RANK_KINDS) and (args.workers > 0 or k not in WORKER_KINDS))
     kinds = tuple(k.strip() for k in str(args.kinds).split(",") if k.strip())
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
@@ -86,6 +89,10 @@ def validate(args: argparse.Namespace) -> str | None:
         return f"--kinds {args.kinds}: {', '.join(need)} needs --store s3"
     if not args.ddp and (need := [k for k in kinds if k in RANK_KINDS]):
         return f"--kinds {args.kinds}: {', '.join(need)} needs --ddp"
+    if args.workers < 1 and (need := [k for k in kinds if k in WORKER_KINDS]):
+        return f"--kinds {args.kinds}: {', '.join(need)} needs --workers 1 or more"
+    if args.workers < 0:
+        return f"--workers {args.workers} must be >= 0"
     args.kinds = kinds
     if store == "s3":
         import importlib.util

@@ -36,6 +36,13 @@ and the steps it has left):
   0.002``) while rank 1 is stopped for 20 ms of every 50 (SIGSTOP/SIGCONT from the soak): its clock lags and
   jumps as a busy machine's does; at the moment the group gets a SIGTERM. Ranks that decided timed saves from
   their own clocks hung here (``clean_exit``: no launch hangs).
+- ``group_signal`` (``--workers`` > 0): at the moment the launch's whole process group (main process, loader
+  workers, ranks) gets SIGTERM or SIGINT, as a VM's shutdown, SLURM or a terminal's Ctrl-C sends it: exit 75 after
+  a notice save (or 130 / the signal's own code before training took the signals), never a traceback or a dead
+  loader worker (``clean_exit``).
+- ``default_name``: the run's command without ``--run_name`` (every run is named by its own command: the runs'
+  commands differ by a ``--spot.drill_seed`` that trains nothing), SIGTERMed at the moment, as a scheduler that
+  relaunches a job's command line: it must resume this run and open no other (``one_mlflow_run``).
 - ``frozen_rank`` (``--ddp`` only): at the moment rank 1 is frozen (SIGSTOP) and, 2 s later, the launching
   process alone gets a SIGTERM (``--spot.notice_grace_s 5``): the watchdog must end the whole process group
   within the grace plus 15 s, with exit 75 and one ``atscale: hang:`` line naming rank 1 (``clean_exit``).
@@ -92,7 +99,9 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double_launch", "bucket_outage",
-         "skewed_rank", "frozen_rank")
+         "skewed_rank", "frozen_rank", "group_signal", "default_name")
+#: Kinds that need loader workers (``--workers`` > 0).
+WORKER_KINDS = ("group_signal",)
 #: Kinds that need an object-storage run root (``--store s3``).
 STORE_KINDS = ("bucket_outage",)
 #: Kinds that need several ranks (``--ddp``).

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE
-from recipes.run.common import USAGE_EXIT_CODE
+from recipes.run.common import SIGINT_EXIT_CODE, USAGE_EXIT_CODE, command_run_name
 from recipes.soak.bucket import Bucket
 from recipes.soak.disk import Disk
 from recipes.soak.faults import CORRUPTED, Fault, PlannedFault, RunState, Watch, corrupt
@@ -76,6 +76,7 @@ class Soak:
         self.launches: list[Launch] = []
         self.faults: list[Fault] = []
         self.runs: list[RunState] = []
+        self.tokens: dict[str, int] = {}  # run name -> the token its command carries (see arguments())
         self.watches: list[Watch] = []
         self.awaiting: list[Fault] = []  # faults whose next launch has not decided yet
         self.skipped_kinds: dict[str, str] = {}
@@ -83,20 +84,28 @@ class Soak:
         self.store_killed: Fault | None = None
 
     # ------------------------------------------------------------ commands
-    def command(self, run_name: str, extra: Sequence[str] = ()) -> list[str]:
+    def command(self, run_name: str, extra: Sequence[str] = (), named: bool = True) -> list[str]:
+        """A launch of run ``run_name``; ``named=False`` leaves ``--run_name`` out (the command names its run)."""
+        args = self.arguments(self.tokens.get(run_name, 0), chaos=run_name != "reference")
+        return [sys.executable, "-m", "recipes.fit", *args, *(["--run_name", run_name] if named else []), *extra]
+
+    def arguments(self, token: int, chaos: bool = True) -> list[str]:
+        """The arguments every launch of one run shares. ``token`` (as ``--spot.drill_seed``, which trains nothing
+        while no drill rate is set) tells the runs' commands apart: each run is its command's own run
+        (``recipes.run.common.command_run_name``), which a launch without ``--run_name`` resumes."""
         a = self.args
-        cmd = [sys.executable, "-m", "recipes.fit", "--config", str(self.repo / "configs/digits.yaml")]
+        args = ["--config", str(self.repo / "configs/digits.yaml")]
         if a.ddp:
-            cmd += ["--config", str(self.repo / "configs/strategy/ddp.yaml")]
-        cmd += ["--trainer.max_epochs", str(a.epochs)]
+            args += ["--config", str(self.repo / "configs/strategy/ddp.yaml")]
+        args += ["--trainer.max_epochs", str(a.epochs)]
         if a.batches:
-            cmd += ["--trainer.limit_train_batches", str(a.batches)]
-        cmd += ["--spot.every_n_steps", str(a.every), "--trainer.log_every_n_steps", "1", "--log_model", "false",
-                "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-                *LEDGER_ARGS, "--run_name", run_name, *extra]
+            args += ["--trainer.limit_train_batches", str(a.batches)]
+        args += ["--spot.every_n_steps", str(a.every), "--trainer.log_every_n_steps", "1", "--log_model", "false",
+                 "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+                 "--data.num_workers", str(a.workers), "--spot.drill_seed", str(token), *LEDGER_ARGS]
         if self.bucket is not None:
-            cmd += ["--runs_root", self.runs_url(run_name)]
-        return cmd
+            args += ["--runs_root", self.bucket.url(f"{self.prefix}-runs" if chaos else "reference")]
+        return args
 
     def runs_url(self, run_name: str) -> str:
         """``--store s3``: the run root in the bucket (the reference has a root of its own)."""
@@ -137,14 +146,15 @@ class Soak:
     def ckpt_dir(self, run_name: str, workdir: Path | None = None) -> Path:
         return (workdir or self.chaos) / "runs" / EXPERIMENT / run_name / "checkpoints"
 
-    def start(self, run_name: str, label: str, extra: Sequence[str] = (), workdir: Path | None = None) -> Launch:
+    def start(self, run_name: str, label: str, extra: Sequence[str] = (), workdir: Path | None = None,
+              named: bool = True) -> Launch:
         workdir = workdir or self.chaos
         self.launch_count += 1
         stem = self.logs / f"{self.launch_count:04d}-{label.replace(' ', '_')}"
         expected = self.expected_resume(run_name, workdir)
         with open(f"{stem}.out", "wb") as out, open(f"{stem}.err", "wb") as err:
             started, t0 = time.time(), time.monotonic()
-            proc = subprocess.Popen(self.command(run_name, extra), cwd=workdir, env=self.env(workdir),
+            proc = subprocess.Popen(self.command(run_name, extra, named), cwd=workdir, env=self.env(workdir),
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
         launch = Launch(label, run_name, list(extra), started, list(expected) if expected else None,
                         f"{stem}.out", f"{stem}.err", t0=t0, proc=proc)
@@ -294,6 +304,24 @@ class Soak:
         launch = self.start(fault.run_name, f"{fault.kind}")
         self.strike(fault, [launch], self.moment(plan, [launch]), lambda: launch.send(sig))
         return [self.end(launch, self.args.launch_timeout)]
+
+    def fault_group_signal(self, fault: Fault, plan: PlannedFault) -> list[Launch]:
+        """SIGTERM or SIGINT to the launch's whole process group (its loader workers and ranks included)."""
+        sig = signal.SIGINT if plan.signal == "SIGKILL" else signal.SIGTERM
+        fault.detail["signal"] = sig.name
+        return self.fault_kill(fault, plan, sig)
+
+    def fault_default_name(self, fault: Fault, plan: PlannedFault) -> list[Launch]:
+        """The run's command without ``--run_name`` (a scheduler's relaunch), SIGTERMed at the moment: it must be
+        this run's launch (no other run directory appears), resume it and save."""
+        before = {p.name for p in (self.chaos / "runs" / EXPERIMENT).glob("*")}
+        launch = self.start(fault.run_name, fault.kind, named=False)
+        self.strike(fault, [launch], self.moment(plan, [launch]), lambda: launch.send(signal.SIGTERM))
+        ended = self.end(launch, self.args.launch_timeout)
+        other = sorted({p.name for p in (self.chaos / "runs" / EXPERIMENT).glob("*")} - before - {fault.run_name})
+        if other:
+            fault.fail("one_mlflow_run", f"the launch without --run_name started run(s) {other}, not {fault.run_name}")
+        return [ended]
 
     def fault_new_store(self, fault: Fault, plan: PlannedFault) -> list[Launch]:
         launch = self.start(fault.run_name, fault.kind)
@@ -638,7 +666,9 @@ class Soak:
 
     def expected_codes(self, fault: Fault) -> set[int]:
         sigterm = {REQUEUE_EXIT_CODE, -signal.SIGTERM, 0}
-        return {"sigterm": sigterm, "corrupt": sigterm, "double_launch": sigterm | {USAGE_EXIT_CODE},
+        sigint = {REQUEUE_EXIT_CODE, SIGINT_EXIT_CODE, -signal.SIGINT, 0}  # 130 or -2 before training took it
+        return {"sigterm": sigterm, "corrupt": sigterm, "default_name": sigterm,
+                "group_signal": sigint | sigterm, "double_launch": sigterm | {USAGE_EXIT_CODE},
                 "sigkill": {-signal.SIGKILL, 0}, "new_store_kill": sigterm | {-signal.SIGKILL},
                 "bucket_outage": sigterm | {USAGE_EXIT_CODE}, "skewed_rank": sigterm,
                 "frozen_rank": {REQUEUE_EXIT_CODE, 0}}.get(fault.kind, set())
@@ -668,6 +698,10 @@ class Soak:
             launches = self.fault_skew(fault, plan)
         elif plan.kind == "frozen_rank":
             launches = self.fault_freeze(fault, plan)
+        elif plan.kind == "group_signal":
+            launches = self.fault_group_signal(fault, plan)
+        elif plan.kind == "default_name":
+            launches = self.fault_default_name(fault, plan)
         else:
             raise ValueError(plan.kind)
         struck = [x for x in launches if x.label not in ("corrupt-setup", "corrupt-explicit")]
@@ -683,6 +717,9 @@ class Soak:
                 what = "on the full disk" if plan.kind == "disk_full" else "in the bucket outage"
                 fault.fail("clean_exit", f"{launch.label} ended in a Python traceback (exit {launch.exit_code}) "
                                          f"{what}, not a one-line error: {last_error(launch.stderr())}")
+            elif plan.kind == "group_signal" and (launch.traceback or "killed by signal" in launch.stderr()):
+                fault.fail("clean_exit", f"{launch.label}: a signal to the process group ended it in a traceback "
+                                         f"(exit {launch.exit_code}): {last_error(launch.stderr())}")
             elif plan.kind == "bucket_outage" and launch.exit_code == USAGE_EXIT_CODE and not launch.error_line:
                 fault.fail("clean_exit", f"{launch.label} exited 2 without an 'error:' line: "
                                          f"{last_error(launch.stderr())}")
@@ -818,7 +855,11 @@ class Soak:
                                       f"from the reference: {different[:5]}")
 
     def new_run(self) -> RunState:
-        run = RunState(f"{self.prefix}-{len(self.runs) + 1}")
+        """The next run, named as its command names it (see :meth:`arguments`)."""
+        token = len(self.runs) + 1
+        name = command_run_name(self.arguments(token))
+        self.tokens[name] = token
+        run = RunState(name)
         self.runs.append(run)
         return run
 

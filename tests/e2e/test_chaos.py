@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,33 @@ def test_soak_of_three_faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
     failed = {name: v["problems"] for name, v in report["invariants"].items() if not v["ok"]}
     assert failed == {}
     assert report["ok"] is True and code == 0
+
+
+@pytest.mark.e2e
+def test_soak_of_the_faults_users_launch_into(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture) -> None:
+    """A signal to the whole process group with loader workers, and the run's command relaunched without --run_name:
+    every invariant holds (bitwise, one FINISHED MLflow run, no traceback, no other run opened)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "chaos.json"
+    code = bench.main(["chaos", "--faults", "2", "--kinds", "group_signal,default_name", "--seed", str(SEED),
+                       "--epochs", "1", "--workers", "2", "--workdir", str(tmp_path / "soak"), "--out", str(out)])
+    report = json.loads(out.read_text())
+    print(capsys.readouterr().out)
+    assert sorted(f["kind"] for f in report["faults"]) == ["default_name", "group_signal"]
+    assert all(f["struck"] for f in report["faults"]), json.dumps(report["faults"], indent=1)
+    (run,) = report["runs"]
+    assert re.fullmatch(r"digits-[0-9a-f]{8}", run["name"])  # named by its command, as the default-name launch is
+    assert run["checks"]["tensors_different"] == [] and [r["status"] for r in run["checks"]["mlflow_runs"]] == [
+        "FINISHED"]
+    failed = {name: v["problems"] for name, v in report["invariants"].items() if not v["ok"]}
+    assert failed == {}
+    assert report["ok"] is True and code == 0
+
+
+def test_the_launch_kinds_need_workers(capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(["chaos", "--faults", "1", "--kinds", "group_signal", "--workers", "0"]) == 2
+    assert "group_signal needs --workers 1 or more" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- what the bucket outage found
