@@ -75,11 +75,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory, streamed: Path) -> MadeO
     return MadeOnFirstUse(make)
 
 
+_KEPT = "tests/e2e/test_as_launched.py::test_a_signal_to_the_whole_group_saves_and_the_same_command_resumes_bitwise"
+
+
 @pytest.mark.parametrize(("recipe", "strategy", "signal_name"), [
     ("memory", "single", "SIGTERM"),
-    ("stream", "single", "SIGINT"),
-    ("memory", "ddp", "SIGINT"),
-    ("stream", "ddp", "SIGTERM"),
+    ("stream", "ddp", "SIGINT"),
+    # the slow tier's: each differs from a kept case in one of data path, strategy and signal
+    pytest.param("stream", "single", "SIGTERM", marks=pytest.mark.slow(covered_by=f"{_KEPT}[stream-ddp-SIGINT]")),
+    pytest.param("memory", "ddp", "SIGTERM", marks=pytest.mark.slow(covered_by=f"{_KEPT}[memory-single-SIGTERM]")),
+    pytest.param("memory", "single", "SIGINT", marks=pytest.mark.slow(covered_by=f"{_KEPT}[stream-ddp-SIGINT]")),
 ])
 def test_a_signal_to_the_whole_group_saves_and_the_same_command_resumes_bitwise(
         reference: MadeOnFirstUse, streamed: Path, tmp_path: Path, recipe: str, strategy: str,
