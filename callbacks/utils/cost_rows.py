@@ -88,7 +88,6 @@ class CostRows:
                 experiment.log_artifact(run_id, str(path))
         return path
 
-
     def summary_rows(self, metrics: dict[str, float]) -> list[tuple[str, str]]:
         """Rows for the CLI's end table: the bill, both markets, and what interruptions wasted."""
         final = self._final
