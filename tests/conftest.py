@@ -52,6 +52,12 @@ def seed_mlflow_db(workdir: Path) -> None:
         shutil.copy(_TEMPLATE_DB, workdir / "mlflow.db")
 
 
+def mlflow_template_bytes() -> int:
+    """Size of the session's migrated, empty MLflow store: grows with each MLflow release that adds tables."""
+    assert _TEMPLATE_DB is not None, "the mlflow_template_db fixture has not run"
+    return _TEMPLATE_DB.stat().st_size
+
+
 def cli_env(workdir: Path, **extra: str) -> dict[str, str]:
     """Environment of a CLI subprocess: the repo importable, MLflow in ``workdir/mlflow.db`` (seeded)."""
     seed_mlflow_db(workdir)

@@ -20,7 +20,17 @@ from pathlib import Path
 import pytest
 
 from callbacks.spot import REQUEUE_EXIT_CODE
-from tests.conftest import CONFIGS, FAST, CliResult, cli_env, run_fit, runs_of, seed_mlflow_db, start_fit
+from tests.conftest import (
+    CONFIGS,
+    FAST,
+    CliResult,
+    cli_env,
+    mlflow_template_bytes,
+    run_fit,
+    runs_of,
+    seed_mlflow_db,
+    start_fit,
+)
 from tests.e2e.test_metric_history import assert_same_history
 from tests.e2e.test_run_integrity import small_mount, stderr_lines
 
@@ -55,6 +65,15 @@ def fill(folder: Path) -> None:
             pass
 
 
+def store_mount(headroom_kib: int) -> str:
+    """tmpfs options for a store with ``headroom_kib`` left once a migrated, empty store is copied in.
+
+    Sized from the store itself: MLflow 3.18's migrated store alone (1,032,192 bytes) outgrew the fixed 1 MB
+    mount that left ~90 KB under 3.17, and the run could not even be created.
+    """
+    return f"size={-(-mlflow_template_bytes() // 1024) + headroom_kib}k"
+
+
 def run_status(store: Path) -> str:
     (run,) = runs_of(store, "digits")
     return run.info.status
@@ -80,8 +99,9 @@ def first_launch(workdir: Path, store: Path, when: str) -> subprocess.CompletedP
 @pytest.mark.parametrize("when", ["at_the_end", "mid_run", "filled_by_another"])
 def test_a_full_store_is_one_line_exit_1_and_the_relaunch_restores_every_point(
         reference: Path, tmp_path: Path, small_mount: Callable[[str], Path], when: str) -> None:
-    """``at_the_end`` and ``mid_run``: the store has ~90 KB left once its tables exist (a migrated store on a 1 MB
-    tmpfs). ``filled_by_another``: something else takes every byte left once the first checkpoint is published.
+    """``at_the_end`` and ``mid_run``: the store has 96 KiB left once its tables exist (a migrated store on a
+    tmpfs sized to it). ``filled_by_another``: something else takes every byte left once the first checkpoint is
+    published.
 
     ``at_the_end``: MLflow's async queue writes what gathered once per buffering interval, here longer than the
     run, so the whole run is written by the last flush, which the store refuses after training has ended (Lightning
@@ -90,7 +110,7 @@ def test_a_full_store_is_one_line_exit_1_and_the_relaunch_restores_every_point(
     stops the run. Seen here: in both the run's status still fits (a row updated in place) and the run ends FAILED;
     a store with no byte left (``filled_by_another``) cannot take even that, and the line says so.
     """
-    store = small_mount("size=4m" if when == "filled_by_another" else "size=1m")
+    store = small_mount(store_mount(3072 if when == "filled_by_another" else 96))
     seed_mlflow_db(store)  # a migrated, empty store: what the first launch would create, in a fraction of the time
     uri = f"sqlite:///{store / 'mlflow.db'}"
     first = first_launch(tmp_path, store, when)
@@ -142,7 +162,7 @@ def test_lost_points_that_no_checkpoint_kept_are_named_by_the_relaunch(tmp_path:
 
 def test_a_store_that_cannot_be_created_on_a_full_disk_is_one_line_and_leaves_nothing(
         tmp_path: Path, small_mount: Callable[[str], Path], fit_in_process: Callable[..., CliResult]) -> None:
-    store = small_mount("size=4m")  # the relaunch after the filler goes needs room for a whole run
+    store = small_mount(store_mount(3072))  # the relaunch after the filler goes needs room for a whole run
     fill(store)
     uri = f"sqlite:///{store / 'mlflow.db'}"
     result = fit_in_process(*ARGS, MLFLOW_TRACKING_URI=uri)
