@@ -1,17 +1,19 @@
 """The datamodules' couplings to private parts of torchdata's ``StatefulDataLoader`` state, each in one place.
 
 ``StatefulDataLoader.state_dict()`` is documented as opaque; its keys are underscored. The resumable loader
-(``loaders.py``) needs two facts from it that no public API gives: where the sampler stood at the last batch
-handed out (with workers, the sampler in the main process has run ahead by the batches they prefetched) and
-whether the iterator finished its pass. ``tests/unit/datamodules/test_compat.py`` checks both against a real
-loader, with and without workers, and fails naming the key when an upgrade moves it (checked: torchdata 0.11).
+(``loaders.py``) needs three facts from it that no public API gives: how many workers the loader that took it had
+(torchdata restores a state only into a loader with as many), where the sampler stood at the last batch handed out
+(with workers, the sampler in the main process has run ahead by the batches they prefetched) and whether the
+iterator finished its pass. ``tests/unit/datamodules/test_compat.py`` and ``test_loader_worker_count.py`` check
+them against a real loader, with and without workers, and fail naming the key when an upgrade moves it (checked:
+torchdata 0.11).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["iterator_finished", "sampler_state", "served_sampler_state", "with_sampler_state"]
+__all__ = ["iterator_finished", "sampler_state", "saved_num_workers", "served_sampler_state", "with_sampler_state"]
 
 
 def served_sampler_state(state: dict[str, Any]) -> Any:
@@ -33,3 +35,12 @@ def with_sampler_state(state: dict[str, Any], sampler: dict[str, Any]) -> dict[s
 def iterator_finished(state: dict[str, Any]) -> bool:
     """Whether the loader's iterator had run to the end of its pass when the state was taken."""
     return bool(state.get("_iterator_finished", False))
+
+
+def saved_num_workers(state: dict[str, Any]) -> int | None:
+    """The number of worker processes of the loader that took ``state``: 0 without workers, None if unrecognised."""
+    snapshot = state.get("_snapshot")
+    if isinstance(snapshot, dict):
+        count = (snapshot.get("_main_snapshot") or {}).get("_num_workers")
+        return int(count) if count is not None else None
+    return 0 if "_num_yielded" in state else None

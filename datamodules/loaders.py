@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from typing_extensions import override
 
-from .compat import iterator_finished, sampler_state, served_sampler_state, with_sampler_state
+from .compat import iterator_finished, sampler_state, saved_num_workers, served_sampler_state, with_sampler_state
 from .worker_signals import notices_blocked, with_notices_ignored
 
 __all__ = ["CURSOR_KEY", "PassSampler", "ResumableLoader", "batches_per_epoch", "stateful_train_loader"]
@@ -198,7 +198,8 @@ class ResumableLoader(StatefulDataLoader):
     of the world that saved it. On a resume with another world size, this loader sets that count to
     what the new world would have run to reach the same cursor, so that Lightning's epoch end,
     validation and gradient accumulation fall where the data does (a private Lightning counter:
-    ``trainer.fit_loop.epoch_loop.batch_progress``).
+    ``trainer.fit_loop.epoch_loop.batch_progress``). On a resume with another number of workers (torchdata's own
+    state fits only as many as saved it), the sampler continues from the cursor in a fresh iterator.
     """
 
     def __init__(self, *args: Any, trainer: pl.Trainer | None = None, **kwargs: Any) -> None:
@@ -262,6 +263,13 @@ class ResumableLoader(StatefulDataLoader):
             self.resharded = (saved_world, sampler.num_replicas)
             done = bool(cursor.get("complete")) or int(cursor["yielded"]) >= sampler.samples_per_pass
             self._align_lightning_count(0 if done else sampler.batches_left(int(cursor["yielded"])))
+        saved_workers = saved_num_workers(state)
+        if cursor is not None and isinstance(sampler, PassSampler) and saved_workers not in (None, self.num_workers):
+            # torchdata restores its state only into as many workers as saved it (an assertion otherwise): a fresh
+            # iterator continues from the cursor, the whole position (its workers' seeds start anew: bitwise for
+            # datamodules whose items draw no random numbers, as this project's)
+            sampler.load_state_dict({k: cursor[k] for k in ("epoch", "yielded", "complete")})
+            state = {}
         super().load_state_dict(state)
 
     def _align_lightning_count(self, batches_left: int) -> None:

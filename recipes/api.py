@@ -16,12 +16,18 @@ whose message is the CLI's ``error:`` line.
 Where it runs:
 
 - one device: in this process (the kernel), with the CLI's run flow (``recipes.run.cli.launch``): the run
-  directory, MLflow run, checkpoints and resume are the command's. Everything a launch sets for its process
-  (signal handlers, environment, ``sys.argv``, torch's thread count) is put back when it returns, so one kernel
-  runs any number of fits;
+  directory, MLflow run, checkpoints and resume are the command's. What a launch sets for its process (signal
+  handlers, ``sys.argv``, torch's thread count) is put back when it returns, so one kernel runs any number of fits;
 - DDP, FSDP, several devices or nodes: ``python -m recipes.fit`` as a new process (which starts the other
   ranks): never a fork of the kernel (Lightning's ``ddp_notebook`` forks it, and crashes with threads or
   CUDA in it). Its output is streamed into the cell, less the end table, which the returned run renders.
+
+Either way, ``train`` puts back, when it returns or raises, what it and the libraries it imports change for the
+whole process (:func:`process_state_kept`): the root logger's level, handlers and filters, the level of every
+logger that existed before the call, the warnings filters and the environment (``os.environ``: keys added, changed
+or removed), so a ``logging.warning`` in the next cell prints as it did before. What stays: the modules it
+imported and the loggers they created, the log filters a launch adds once, for good, to Lightning's and MLflow's
+loggers, and its wrapper of ``sys.unraisablehook`` (quiet only while a run is stopping).
 
 The run's name, unless given, is derived from the arguments: the same call names the same run, so running the
 cell again resumes an interrupted run, and returns a finished one without training again. Jupyter's
@@ -32,15 +38,18 @@ cell again resumes an interrupted run, and returns a finished one without traini
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
+import logging
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,13 +145,47 @@ def train(*configs: str | os.PathLike[str], run_name: str | None = None, **optio
     for config in configs:
         if not Path(config).is_file():
             raise TrainError(f"config file {config!r} not found (working directory {os.getcwd()}).")
-    name = run_name or default_run_name(configs, options)
-    # the layer table is for a terminal; a cell keeps its output (trainer.enable_model_summary=True shows it)
-    trainer = {"enable_model_summary": False, **dict(options.get("trainer") or {})}
-    args = arguments(configs, {**options, "trainer": trainer, "run_name": name})
-    if in_processes(configs, options):
-        return _in_processes(args, name, experiment_of(configs, options))
-    return _in_kernel(args, name, experiment_of(configs, options))
+    with process_state_kept():  # from before the first import: the libraries' import-time settings go back too
+        name = run_name or default_run_name(configs, options)
+        # the layer table is for a terminal; a cell keeps its output (trainer.enable_model_summary=True shows it)
+        trainer = {"enable_model_summary": False, **dict(options.get("trainer") or {})}
+        args = arguments(configs, {**options, "trainer": trainer, "run_name": name})
+        if in_processes(configs, options):
+            return _in_processes(args, name, experiment_of(configs, options))
+        return _in_kernel(args, name, experiment_of(configs, options))
+
+
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Inside: anything goes; on the way out (returned or raised), the process-wide settings are as they were.
+
+    Put back: the root logger's level, handlers and filters (MLflow's ``mlflow.pytorch`` calls
+    ``logging.basicConfig(level=ERROR)`` when imported, which silenced a user's warnings for good); the level of
+    every logger that existed on the way in; the warnings filters (torch, Lightning and MLflow add theirs on
+    import and during a fit); and ``os.environ``, key by key (Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK`` and
+    torch ``TORCHINDUCTOR_CACHE_DIR`` on import; the launch its own variables). Loggers created inside keep what
+    they were given: they are the imported libraries' own.
+    """
+    root = logging.getLogger()
+    level, handlers, filters = root.level, root.handlers[:], root.filters[:]
+    levels = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
+              if isinstance(logger, logging.Logger)}
+    environ = dict(os.environ)
+    try:
+        with warnings.catch_warnings():  # restores warnings.filters (and showwarning) on exit
+            yield
+    finally:
+        root.setLevel(level)
+        root.handlers[:], root.filters[:] = handlers, filters
+        for name, was in levels.items():
+            logger = logging.getLogger(name)
+            if logger.level != was:
+                logger.setLevel(was)
+        for key in [k for k in os.environ if k not in environ]:
+            del os.environ[key]
+        for key, value in environ.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
 
 
 # ------------------------------------------------------------------------------------ arguments
@@ -225,7 +268,8 @@ def in_processes(configs: Sequence[str], options: Mapping[str, Any]) -> bool:
 # ------------------------------------------------------------------------------------ in the kernel
 
 def _in_kernel(args: list[str], name: str, experiment: str) -> Run:
-    """The CLI's run flow in this process, with what it sets for the process put back afterwards."""
+    """The CLI's run flow in this process, with the signal handlers, ``sys.argv`` and torch's thread count put back
+    afterwards (the environment, logging and warnings filters: :func:`process_state_kept`, around it)."""
     import torch
 
     from callbacks.utils.launch_clock import mark_launch
@@ -236,19 +280,17 @@ def _in_kernel(args: list[str], name: str, experiment: str) -> Run:
 
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in _PROCESS_SIGNALS} if main else {}
-    environ, argv, threads = dict(os.environ), sys.argv, torch.get_num_threads()
+    argv, threads = sys.argv, torch.get_num_threads()  # the environment: train's process_state_kept
     # the kernel's interrupt (SIGINT) is a spot notice: save at the next step, then return the run
     args = [*args, '--spot.signals=["SIGTERM", "SIGUSR1", "SIGINT"]']
     sys.argv = [fit_file, *args]  # what `python -m recipes.fit ...` shows: the run's note and manifest say so
     reset_stop_signals()  # an earlier launch's stop or wrap-up is not this one's (as run_cli does)
-    mark_launch()  # the bill starts at this call, not when the kernel did (the environment is put back below)
+    mark_launch()  # the bill starts at this call, not when the kernel did (train puts the environment back)
     try:
         outcome = launch(None, extra_callbacks=[EpochLines()], show_summary=False)  # parses sys.argv, as the CLI
     finally:
         wrap_up_done()
         sys.argv = argv
-        os.environ.clear()
-        os.environ.update(environ)
         torch.set_num_threads(threads)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)

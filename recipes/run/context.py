@@ -55,14 +55,31 @@ from recipes.run.tracking import redact
 log = logging.getLogger(__name__)
 
 _MAX_PARAM_LENGTH = 6000
+#: Datamodule settings that hold no training state: the datamodule is built anew from the config at every launch,
+#: and a resumed loader continues from its global sample cursor (``datamodules.loaders.PassSampler``), which says
+#: which samples come next whoever fetches them. So a relaunch may change:
+#:
+#: - ``num_workers`` (every datamodule): how many processes fetch the samples the cursor names; the order and the
+#:   samples are the sampler's, the loader takes the cursor into any count (``ResumableLoader.load_state_dict``),
+#:   and no item draws random numbers, so a resume with another count is bitwise;
+#: - ``cache_dir`` (streamed and text datamodules): where downloaded chunks or the encoded corpus are kept, a copy
+#:   refetched or re-encoded from the same source (the cache disk failed, a faster one was mounted);
+#: - ``max_cache_size`` (streamed): how much of that copy is kept before read chunks are deleted;
+#: - ``read_timeout_s`` (streamed): how long a read may keep failing before the run stops (exit 75);
+#: - ``download`` (MNIST, CIFAR-10): whether missing files are fetched; which data is read is ``root``'s.
+#:
+#: The data's identity (``url``, ``root``, splits, seeds, ``batch_size``, ``shuffle_window``) is not among them.
+DATA_SETTINGS = tuple(f"data.init_args.{name}" for name in (
+    "num_workers", "cache_dir", "max_cache_size", "read_timeout_s", "download"))
 #: Config keys that may change when a run is resumed: they take effect (and are recorded as
-#: ``config_changed.*`` tags). Any other change would be ignored by the restored training state.
+#: ``config_changed.*`` tags, with one warning naming them). Any other change would be ignored by the restored
+#: training state.
 RESUMABLE_CHANGES = (
     "config", "experiment", "run_name", "runs_root", "staging_root", "ckpt_path", "fresh", "async_checkpoint",
     "cpu_threads", "elastic", "system_metrics",
     "log_model", "spot", "cost", "checkpoint.dirpath", "trainer.max_epochs", "trainer.max_steps", "trainer.max_time",
     "trainer.enable_progress_bar", "trainer.enable_model_summary", "trainer.log_every_n_steps", "trainer.devices",
-    "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
+    "trainer.num_nodes", "trainer.accelerator", "trainer.strategy", *DATA_SETTINGS,
 )
 
 @dataclass
