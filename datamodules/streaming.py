@@ -7,9 +7,11 @@ bucket URL (``s3://``, ``gs://``, ``az://``)::
     <url>/train/index.json        litdata's chunk index of the training split, and its chunk-*.bin files
     <url>/val/index.json          the same for the validation split
 
-The datamodules below read it with litdata's ``StreamingDataset`` (chunks downloaded on demand into a local cache,
-deleted past ``max_cache_size``) used as a random-access dataset, and train it through the project's own resumable
-loader (:func:`datamodules.loaders.stateful_train_loader`), not litdata's ``StreamingDataLoader``.
+The datamodules below fetch each file once into a local cache (deleted past ``max_cache_size``), verified against
+``atscale.json``'s SHA-256 on the way and decoded only in the formats ``recipes.prepare`` writes
+(:mod:`datamodules.verified_chunks`), read it with litdata's ``StreamingDataset`` used as a random-access dataset,
+and train it through the project's own resumable loader (:func:`datamodules.loaders.stateful_train_loader`), not
+litdata's ``StreamingDataLoader``.
 
 Why not litdata's own loader state: it is per rank and counts batches of the world that saved it. litdata 0.2.76
 re-stripes it when the world changes, but rounds the skipped prefix down to the *new* world's global batch (a
@@ -23,24 +25,26 @@ side, so the local cache holds about one window of chunks at a time.
 
 A read that keeps failing (the bucket is gone, the credentials were revoked) is retried for ``read_timeout_s``,
 then ends the run with one line, ``atscale: the streamed data at <url> cannot be read ...``, and exit code 75: the
-relaunch resumes from the newest checkpoint, as after a spot interruption.
+relaunch resumes from the newest checkpoint, as after a spot interruption. What a relaunch cannot fix ends the run at
+once, with a line of its own and no requeue: damaged data (exit 65), a cache that cannot be written (exit 74), an
+index that asks for a decoder that runs code (exit 2, before any item is read). A resumed run reads the data it
+began with: the checkpoint holds the index digest, and other data at the URL is refused with both digests named.
 
-Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``, ``worker_signals.py``.
+Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``, ``worker_signals.py``,
+``verified_chunks.py``.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import hashlib
 import itertools
 import json
 import logging
-import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -50,6 +54,9 @@ from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from .loaders import ResumableLoader, stateful_train_loader
+from .stream_stops import UNAVAILABLE_EXIT_CODE, StopOnFault, StreamStopped, StreamUnavailable, _reason, stop
+from .urls import check_data_url, redact
+from .verified_chunks import StreamFault, UnsafeData, VerifiedFiles, cache_bytes, fresh_fs
 
 __all__ = [
     "STREAM_FORMAT",
@@ -68,16 +75,8 @@ log = logging.getLogger(__name__)
 
 #: Version of the layout ``recipes.prepare`` writes (``atscale.json``'s ``format``).
 STREAM_FORMAT = 1
-#: The exit code of a run whose data cannot be read: the relaunch resumes it (EX_TEMPFAIL, as a spot interruption).
-UNAVAILABLE_EXIT_CODE = 75
 #: Where the MLflow dataset input and the manifest read the dataset's URL.
 SPLITS = ("train", "val")
-
-
-def _fs(url: str) -> tuple[Any, str]:
-    import fsspec.core
-
-    return fsspec.core.url_to_fs(url)
 
 
 def join(url: str, *parts: str) -> str:
@@ -87,7 +86,7 @@ def join(url: str, *parts: str) -> str:
 
 def read_text(url: str) -> str | None:
     """The text of the file at ``url`` (a path or a bucket URL), ``None`` when there is none."""
-    fs, path = _fs(url)
+    fs, path = fresh_fs(url)
     try:
         with fs.open(path, "rb") as handle:
             return handle.read().decode()
@@ -109,8 +108,8 @@ def index_digest(url: str) -> str:
     for name in ("atscale.json", *(f"{split}/index.json" for split in SPLITS)):
         text = read_text(join(url, name))
         if text is None:
-            raise FileNotFoundError(f"{join(url, name)}: no such file; prepare the data first "
-                                    f"(python -m recipes.prepare ... --output {url})")
+            raise FileNotFoundError(redact(f"{join(url, name)}: no such file; prepare the data first "
+                                           f"(python -m recipes.prepare ... --output {url})"))
         content = _without_write_times(json.loads(text))
         digest.update(name.encode() + b"\0" + json.dumps(content, sort_keys=True).encode() + b"\0")
     return digest.hexdigest()
@@ -126,25 +125,13 @@ def _without_write_times(value: Any) -> Any:
     return value
 
 
-class StreamUnavailable(RuntimeError):
-    """The streamed data could not be read for ``read_timeout_s``; the message is the run's one line."""
-
-
-class StreamStopped(SystemExit):
-    """The run's stop on unreadable streamed data: exit 75 (the relaunch resumes), and the line that says why
-    (printed by global rank 0; a further rank's is left for rank 0 by the CLI: recipes/run/stop_line.py)."""
-
-    def __init__(self, line: str) -> None:
-        super().__init__(UNAVAILABLE_EXIT_CODE)
-        self.line = line
-
-
 class StreamedItems(Dataset):
     """One split of a prepared dataset as a map-style dataset: item ``i`` read through litdata's cache.
 
     The ``StreamingDataset`` is made on first use in each process (a loader worker makes its own), so the object
-    pickles as its settings. A failed read is retried (every 0.5 s) for ``read_timeout_s``, then raises
-    :class:`StreamUnavailable`.
+    pickles as its settings. Each file is verified before it is decoded (:class:`VerifiedFiles`, with
+    ``expected``); damage or an unwritable cache raises at once, a failed read is retried (every 0.5 s) for
+    ``read_timeout_s``, then raises :class:`StreamUnavailable`.
 
     An item is served from its chunk decoded whole, and the last ``decoded_chunks`` chunks are kept decoded:
     litdata decodes a window of neighbours for every random read (made for sequential reads), so items asked in
@@ -159,13 +146,18 @@ class StreamedItems(Dataset):
         read_timeout_s: how long a read may keep failing before the run ends.
         decoded_chunks: chunks kept decoded in memory (each loader worker keeps its own); the datamodules pass
             their ``shuffle_window``, the chunks one stretch of the order reads from.
+        expected: SHA-256 of each of the split's files by name (``atscale.json``'s ``files``, this split's part).
+        shown_url: ``url`` as messages print it (credentials redacted).
     """
 
     def __init__(self, url: str, cache_dir: str, max_cache_size: str | int = "25GB",
-                 read_timeout_s: float = 120.0, decoded_chunks: int = 4) -> None:
+                 read_timeout_s: float = 120.0, decoded_chunks: int = 4, expected: dict[str, str] | None = None,
+                 shown_url: str | None = None) -> None:
         if decoded_chunks < 1:
             raise ValueError(f"StreamedItems(decoded_chunks={decoded_chunks!r}) must be >= 1.")
         self.url = url
+        self.shown_url = shown_url or redact(url)
+        self.files = VerifiedFiles(url, expected, cache_dir, cache_bytes(max_cache_size), self.shown_url)
         self.cache_dir = cache_dir
         self.max_cache_size = max_cache_size
         self.read_timeout_s = read_timeout_s
@@ -173,15 +165,15 @@ class StreamedItems(Dataset):
         self._stream: Any = None
         self._length: int | None = None
         self._starts: list[int] | None = None
+        self._names: list[str] | None = None
         self._decoded: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
 
     def _open(self) -> Any:
         if self._stream is None:
             from litdata import StreamingDataset
 
-            input_dir = self.url if "://" in self.url else os.path.abspath(self.url)
-            Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
-            self._stream = StreamingDataset(input_dir, cache_dir=self.cache_dir, max_cache_size=self.max_cache_size)
+            self.files.index()  # verified and safe before litdata reads it
+            self._stream = StreamingDataset(str(self.files.local_dir))  # a local folder: read in place
         return self._stream
 
     def __getstate__(self) -> dict[str, Any]:
@@ -192,11 +184,13 @@ class StreamedItems(Dataset):
         if self._starts is None:
             self._starts = list(itertools.accumulate(self.chunk_sizes(), initial=0))
         if not 0 <= index < self._starts[-1]:
-            raise IndexError(f"{self.url}: item {index} of {self._starts[-1]}")
+            raise IndexError(f"{self.shown_url}: item {index} of {self._starts[-1]}")
         chunk = bisect.bisect_right(self._starts, index) - 1
         items = self._decoded.get(chunk)
         if items is None:
             stream = self._open()
+            assert self._names is not None
+            self.files.path(self._names[chunk])  # fetched and verified before litdata decodes it
             items = [stream[i] for i in range(self._starts[chunk], self._starts[chunk + 1])]  # in order: one pass
             self._decoded[chunk] = items
             while len(self._decoded) > self.decoded_chunks:
@@ -207,10 +201,9 @@ class StreamedItems(Dataset):
 
     def chunk_sizes(self) -> list[int]:
         """Items in each chunk, in the index's order (item ``i`` lies in the chunk its cumulative count says)."""
-        text = read_text(join(self.url, "index.json"))
-        if text is None:
-            raise FileNotFoundError(f"{join(self.url, 'index.json')}: no such file")
-        return [int(chunk["chunk_size"]) for chunk in json.loads(text)["chunks"]]
+        chunks = self.files.index()["chunks"]
+        self._names = [str(chunk["filename"]) for chunk in chunks]
+        return [int(chunk["chunk_size"]) for chunk in chunks]
 
     def __len__(self) -> int:
         if self._length is None:
@@ -224,25 +217,18 @@ class StreamedItems(Dataset):
                 return self._item(int(index))
             except (KeyboardInterrupt, SystemExit, MemoryError, IndexError):  # IndexError: past the split's end
                 raise
+            except (StreamFault, UnsafeData):  # damage, the local cache: a retry meets the same
+                raise
             except Exception as err:  # a network, permission or missing-object error of the store
                 now = time.monotonic()
                 deadline = deadline if deadline is not None else now + self.read_timeout_s
                 if now >= deadline:
                     raise StreamUnavailable(
-                        f"atscale: the streamed data at {self.url} cannot be read ({_reason(err)}) "
+                        f"atscale: the streamed data at {self.shown_url} cannot be read ({_reason(err)}) "
                         f"for {self.read_timeout_s:g} s; the run stopped (exit {UNAVAILABLE_EXIT_CODE}). Relaunch the "
                         "same command once it is back: it resumes from the newest checkpoint.") from None
                 self._stream = None  # a fresh client and reader on the next try
                 time.sleep(0.5)
-
-
-def _reason(err: BaseException) -> str:
-    """A store's error in a few words: an S3 error's code and message, else the exception's type and first line."""
-    details = (getattr(err, "response", None) or {}).get("Error") or {}
-    if details.get("Code"):
-        return f"{details['Code']}: {details.get('Message') or 'no message'}"
-    text = " ".join(str(err).split())[:200]
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class ChunkOrder:
@@ -275,38 +261,13 @@ class ChunkOrder:
         return out
 
 
-class _Unavailable(Iterator):
-    """An iterator that turns :class:`StreamUnavailable` into its one line and the exit code (see the module)."""
-
-    def __init__(self, inner: Iterator, loud: bool) -> None:
-        self.inner = inner
-        self.loud = loud
-
-    def __iter__(self) -> Iterator:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return next(self.inner)
-        except StreamUnavailable as err:  # raised here, or re-raised from a loader worker
-            line = str(err).strip().splitlines()[-1] if str(err).strip() else "atscale: the streamed data is gone"
-            line = line[line.find("atscale:"):] if "atscale:" in line else line
-            if self.loud:
-                sys.stderr.write(line + "\n")
-                sys.stderr.flush()
-            raise StreamStopped(line) from None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 class StreamingLoader(ResumableLoader):
     """The resumable loader whose iteration ends the run in one line when the data stays unreadable."""
 
     @override
     def __iter__(self) -> Iterator:
         trainer = self.trainer_ref
-        return _Unavailable(super().__iter__(), loud=trainer is None or trainer.is_global_zero)
+        return StopOnFault(super().__iter__(), loud=trainer is None or trainer.is_global_zero)
 
 
 class _EvalLoader(DataLoader):
@@ -318,13 +279,14 @@ class _EvalLoader(DataLoader):
 
     @override
     def __iter__(self) -> Iterator:
-        return _Unavailable(super().__iter__(), loud=self.loud)
+        return StopOnFault(super().__iter__(), loud=self.loud)
 
 
 class _StreamingDataModule(pl.LightningDataModule):
     """What the image and token datamodules share: the URL, its description, the cache, the loaders."""
 
     kind = ""
+    items_cls: type[StreamedItems] = StreamedItems
 
     def __init__(self, url: str, batch_size: int, shuffle_seed: int = 0, shuffle_window: int = 4,
                  num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "25GB",
@@ -337,7 +299,7 @@ class _StreamingDataModule(pl.LightningDataModule):
             raise ValueError(f"{name}(shuffle_window={shuffle_window!r}) must be >= 1.")
         if read_timeout_s < 0:
             raise ValueError(f"{name}(read_timeout_s={read_timeout_s!r}) must be >= 0.")
-        self.url = url.rstrip("/")
+        self.url = check_data_url(url, f"{name}(url={{url!r}})").rstrip("/") or "/"
         self.batch_size = batch_size
         self.shuffle_seed = shuffle_seed
         self.shuffle_window = shuffle_window
@@ -346,6 +308,7 @@ class _StreamingDataModule(pl.LightningDataModule):
         self.max_cache_size = max_cache_size
         self.read_timeout_s = read_timeout_s
         self.index_digest = index_digest
+        self.shown_url = redact(self.url)
         self._meta: dict[str, Any] | None = None
         self._digest: str | None = None
 
@@ -368,15 +331,43 @@ class _StreamingDataModule(pl.LightningDataModule):
         return self._meta
 
     def fingerprint(self) -> str:
-        """The digest of the chunk index (:func:`index_digest`): the run's record of which data it saw."""
+        """The digest of the chunk index (:func:`index_digest`): the run's record of which data it saw.
+
+        Each split's index is verified and checked for safe formats here, before any item is read.
+        """
         if self._digest is None:
             self.meta  # noqa: B018 - a missing or unfinished dataset is named first
-            self._digest = index_digest(self.url)
-            if self.index_digest is not None and self._digest != self.index_digest:
+            digest = index_digest(self.url)
+            if self.index_digest is not None and digest != self.index_digest:
                 raise RuntimeError(f"{type(self).__name__}(url={self.url!r}): the data there has index digest "
-                                 f"{self._digest[:12]}, not the {self.index_digest[:12]} asked for (index_digest): "
+                                 f"{digest[:12]}, not the {self.index_digest[:12]} asked for (index_digest): "
                                  "it was prepared again from other data since.")
+            with self._stops():
+                for split in SPLITS:
+                    self._split(split).files.index()
+            self._digest = digest
         return self._digest
+
+    @contextlib.contextmanager
+    def _stops(self) -> Iterator[None]:
+        """Damage or an unwritable cache met outside the loaders: the same one line and exit code."""
+        try:
+            yield
+        except StreamFault as err:
+            raise stop(err, loud=self.trainer is None or self.trainer.is_global_zero) from None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data the run began with (its index digest): a resume refuses other data at the URL."""
+        return {"index_digest": self.fingerprint()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Refuse to resume on data other than the checkpoint's (exit 2, both digests named; nothing trained)."""
+        began = state_dict.get("index_digest")
+        if began and began != self.fingerprint():
+            raise stop(f"atscale: the data at {self.shown_url} has index digest {self.fingerprint()[:12]}, not the "
+                       f"{began[:12]} this run began with: it was prepared again since. Resuming would train on "
+                       "other data; start a new run (--fresh true or another --run_name), or put the original "
+                       "data back and relaunch.", loud=self.trainer is None or self.trainer.is_global_zero, code=2)
 
     def dataset_source(self) -> dict[str, str]:
         """What the MLflow dataset input records: the URL and the index digest."""
@@ -386,8 +377,12 @@ class _StreamingDataModule(pl.LightningDataModule):
         self.fingerprint()
 
     def _split(self, split: str) -> StreamedItems:
-        return StreamedItems(join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s,
-                             decoded_chunks=self.shuffle_window)
+        prefix = f"{split}/"
+        expected = {name[len(prefix):]: sha for name, sha in (self.meta.get("files") or {}).items()
+                    if name.startswith(prefix)}
+        return self.items_cls(join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s,
+                              decoded_chunks=self.shuffle_window, expected=expected,
+                              shown_url=join(self.shown_url, split))
 
     def setup(self, stage: str | None = None) -> None:
         self.fingerprint()
@@ -395,7 +390,8 @@ class _StreamingDataModule(pl.LightningDataModule):
         self.val_set = self._split("val")
 
     def train_dataloader(self) -> ResumableLoader:
-        order = ChunkOrder(self.train_set.chunk_sizes(), self.shuffle_window)
+        with self._stops():
+            order = ChunkOrder(self.train_set.chunk_sizes(), self.shuffle_window)
         return stateful_train_loader(self.train_set, self.batch_size, self.shuffle_seed, self.trainer,
                                      self.num_workers, order=order, loader_cls=StreamingLoader)
 
@@ -457,6 +453,7 @@ class StreamingImageDataModule(_StreamingDataModule):
     """
 
     kind = "images"
+    items_cls = _ImageItems
 
     def __init__(self, url: str, batch_size: int = 32, shuffle_seed: int = 0, shuffle_window: int = 4,
                  num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "25GB",
@@ -467,10 +464,6 @@ class StreamingImageDataModule(_StreamingDataModule):
     @property
     def num_classes(self) -> int:
         return int(self.meta["num_classes"])
-
-    @override
-    def _split(self, split: str) -> StreamedItems:
-        return _ImageItems(join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s)
 
     @override
     def val_batch_size(self) -> int:
@@ -515,6 +508,7 @@ class StreamingTextDataModule(_StreamingDataModule):
     """
 
     kind = "tokens"
+    items_cls = _TokenItems
     vocab_size = 256
 
     def __init__(self, url: str, block_size: int = 128, batch_size: int = 16, shuffle_seed: int = 0,
@@ -539,10 +533,6 @@ class StreamingTextDataModule(_StreamingDataModule):
     def setup(self, stage: str | None = None) -> None:
         self._check_block_size()
         super().setup(stage)
-
-    @override
-    def _split(self, split: str) -> StreamedItems:
-        return _TokenItems(join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s)
 
     @staticmethod
     def collate(items: list[Any]) -> Any:

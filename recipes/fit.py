@@ -86,6 +86,8 @@ if __name__ == "__main__":
     mark_launch()  # the bill starts here, not when a shell that exec'd this process started
     # before torch (and its OpenMP runtime) is imported; only as a program: importing this module changes nothing
     os.environ.update(cpu_thread_env(cpu_threads_setting(sys.argv[1:]), os.environ))
+    from datamodules.urls import excepthook
     from recipes.run.shutdown import run_and_exit
 
+    sys.excepthook = excepthook  # a traceback never prints a URL's credentials
     run_and_exit(main)  # ends without the interpreter's teardown (recipes.run.shutdown says why)

@@ -18,10 +18,13 @@ files already uploaded, and ``atscale.json`` says ``complete`` only once everyth
 
 The source's digest (its content and the settings) names the dataset: the same command again finishes or
 confirms it; another dataset at the same URL is refused (exit 2), and so are files that are no prepared dataset.
-Credentials come from the environment (the usual AWS/GCP/Azure variables) and are never printed.
+Credentials come from the environment (the usual AWS and GCP variables), never from the URL: ``--output`` is
+checked before anything runs (:func:`datamodules.urls.check_data_url`: a folder, ``file://``, ``s3://`` or ``gs://``,
+no credentials, no query string), and every line printed, a traceback included, has its URLs redacted.
 
-Exit status: 0 prepared (or already there); 2 bad input (a missing folder, an unreadable file, a bucket that
-does not exist or refuses the credentials, another dataset at ``--output``); 1 a failure of the machine.
+Exit status: 0 prepared (or already there); 2 bad input (a missing folder, an unreadable file, an ``--output`` that
+is no dataset location, a bucket that does not exist, refuses the credentials or cannot be reached, another dataset
+at ``--output``); 1 a failure of the machine.
 """
 
 from __future__ import annotations
@@ -34,12 +37,12 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from datamodules.urls import check_data_url, excepthook, redact
 from recipes.run.common import USAGE_EXIT_CODE, ArgumentParser, UsageError, parse_or_exit, run_main
-from recipes.run.tracking import redact
 
 SOURCES = ("digits", "mnist", "images", "text")
 
@@ -47,7 +50,7 @@ SOURCES = ("digits", "mnist", "images", "text")
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m recipes.prepare", description=__doc__.splitlines()[0])
     parser.add_argument("source", choices=SOURCES, help="What to prepare.")
-    parser.add_argument("--output", required=True, help="Folder or bucket URL (s3://, gs://, az://) to write to.")
+    parser.add_argument("--output", required=True, help="Folder or bucket URL (s3://, gs://) to write to.")
     parser.add_argument("--root", default=None,
                         help="The source's folder (mnist: holds MNIST/raw; images: <class>/<image> folders; "
                              "text: the corpus, default the running Python's standard library).")
@@ -206,6 +209,23 @@ def _destination(url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as err:
         raise UsageError(f"--output {url}: {err}") from None
+
+
+@contextlib.contextmanager
+def _store_calls(url: str) -> Iterator[None]:
+    """Any failure of the store at ``url`` inside, as bad input in one line (:func:`_store_error`).
+
+    The store's library raises its own types, not only ``OSError``: botocore's ``NoCredentialsError`` and
+    ``ParamValidationError``, aiohttp's, gcsfs's. Each would end the tool in a traceback that may quote the URL.
+    """
+    try:
+        yield
+    except UsageError:
+        raise
+    except FileNotFoundError as err:  # not the bucket (the steps tell that apart themselves): a file it should hold
+        raise UsageError(f"--output {url}: {' '.join(str(err).split())[:300]}") from None
+    except Exception as err:
+        raise _store_error(url, err) from None
 
 
 def _store_error(url: str, err: BaseException) -> UsageError:
@@ -380,29 +400,39 @@ def _write_json(fs: Any, path: str, url: str, value: dict[str, Any]) -> None:
         raise _store_error(url, err) from None
 
 
+def check_output(output: str) -> str:
+    """``--output`` as the dataset's location (:func:`datamodules.urls.check_data_url`, no trailing ``/``); else
+    :class:`UsageError` naming it, redacted: checked before any library sees the URL."""
+    try:
+        return check_data_url(output, "--output {url}").rstrip("/") or "/"
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def prepare(args: argparse.Namespace) -> int:
+    url = check_output(args.output)
     _check_positive(args)
-    url = args.output.rstrip("/")
-    fs, root = _destination(url)
+    from datamodules.streaming import index_digest
+
+    with _store_calls(url):
+        fs, root = _destination(url)
     root = root.rstrip("/")
     meta, fns = describe(args)
-    existing = check_destination(fs, root, url, meta)
-    if existing is not None and existing.get("complete"):
-        from datamodules.streaming import index_digest
-
-        print(f"{url} already holds this dataset (index digest {index_digest(url)[:12]}); nothing to do.")
-        return 0
+    with _store_calls(url):
+        existing = check_destination(fs, root, url, meta)
+        if existing is not None and existing.get("complete"):
+            print(f"{url} already holds this dataset (index digest {index_digest(url)[:12]}); nothing to do.")
+            return 0
     staging = Path(args.staging) / meta["source_digest"][:16]
     staging.mkdir(parents=True, exist_ok=True)
     make_chunks(staging, fns, args.chunk_items)
     meta["files"] = chunk_digests(staging)
     meta["counts"] = {split: count for split, (_, count) in fns.items()}
-    sent = upload(fs, staging, root, url, meta)
-    from datamodules.streaming import index_digest
-
+    with _store_calls(url):
+        sent = upload(fs, staging, root, url, meta)
+        digest = index_digest(url)
     counts = ", ".join(f"{split} {count}" for split, count in meta["counts"].items())
-    print(f"Prepared {url}: {counts} items, {len(meta['files'])} files ({sent} sent); index digest "
-          f"{index_digest(url)}")
+    print(f"Prepared {url}: {counts} items, {len(meta['files'])} files ({sent} sent); index digest {digest}")
     return 0
 
 
@@ -420,4 +450,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.excepthook = excepthook  # a failure nothing turned into one line: its traceback, URLs redacted
     sys.exit(main())

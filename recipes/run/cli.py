@@ -401,8 +401,9 @@ class AtscaleCLI(LightningCLI):
                 # never leave the run RUNNING: a stopped attempt is KILLED (the relaunch continues it)
                 release_interrupted_frames(err)  # a stop raised outside trainer.fit: before the store write
                 # a stop to be relaunched: a signal, a lost peer, or a component's exit 75 (streamed data gone)
+                # (a resume refused on other data, exit 2, leaves the run as it was too: KILLED, resumable)
                 stopped = isinstance(err, STOP_EXCEPTIONS) or (
-                    isinstance(err, SystemExit) and err.code == REQUEUE_EXIT_CODE) or (
+                    isinstance(err, SystemExit) and err.code in (REQUEUE_EXIT_CODE, USAGE_EXIT_CODE)) or (
                     isinstance(err, Exception) and lost_peer(err) is not None)
                 try:
                     logger.experiment.set_terminated(run_id, "KILLED" if stopped else "FAILED")
@@ -556,13 +557,13 @@ def launch(args: list[str] | None, **kwargs: Any) -> Launch:
             message = parse_error_message(message)
         return Launch(USAGE_EXIT_CODE, cli, f"error: {redact(message)}", error=True, usage=True)
     except SystemExit as err:
+        rank = global_rank_from_env()
+        if isinstance(err, StreamStopped) and rank != 0:  # rank 0 sees a lost peer: it prints this line, this code
+            stop_line.leave(err.line, rank, int(err.code or 0))
         if err.code != REQUEUE_EXIT_CODE:
             raise
         # a component ended the run to be relaunched (the streamed data loader, after its one line): a stop, as a
         # notice is, so a rank Lightning's launcher started reports it as one (run_cli: 0 there)
-        rank = global_rank_from_env()
-        if isinstance(err, StreamStopped) and rank != 0:
-            stop_line.leave(err.line, rank)  # rank 0 sees a lost peer: it prints this line
         return Launch(REQUEUE_EXIT_CODE, cli)
     except DecisionFailed as err:
         return Launch(1, cli, f"error: global rank 0 failed to decide where the run starts ({err.kind}: {err}); its "
@@ -578,8 +579,8 @@ def launch(args: list[str] | None, **kwargs: Any) -> Launch:
         if peer is not None:
             world = getattr(getattr(cli, "trainer", None), "world_size", 1)
             left = stop_line.left_by_peers(world) if world > 1 else None
-            if left is not None:  # the peer stopped the run in order, and said why
-                return Launch(REQUEUE_EXIT_CODE, cli, left, error=True)
+            if left is not None:  # the peer stopped the run in order, and said why (and with which exit code)
+                return Launch(left[0], cli, left[1], error=True)
             return Launch(REQUEUE_EXIT_CODE, cli, f"error: a peer process was lost ({peer}): the run stopped; relaunch "
                           "to resume it from its newest checkpoint (torchrun --nnodes MIN:MAX restarts on the nodes "
                           "left).", error=True)

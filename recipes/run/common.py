@@ -34,6 +34,7 @@ from callbacks.analysis.keys import (  # noqa: F401 (the tools import these from
     STEP_KEY,
     THROUGHPUT_KEY,
 )
+from datamodules.urls import redact as redact_urls
 from recipes.run import tracking
 from recipes.run.compat import HelpFormatter
 from recipes.run.errors import disk_error
@@ -248,11 +249,15 @@ def _check_writable(flag: str, path: str | os.PathLike, folder: Path) -> None:
 
 
 def parse_or_exit(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """``parser.parse_args(argv)``; bad input is one line on stderr and ``SystemExit(2)``, as argparse exits."""
+    """``parser.parse_args(argv)``; bad input is one line on stderr and ``SystemExit(2)``, as argparse exits.
+
+    The line's URLs are redacted (:func:`datamodules.urls.redact`): argparse quotes the arguments it refuses
+    (``unrecognized arguments: s3://KEY:SECRET@bucket/d``).
+    """
     try:
         return parser.parse_args(argv)
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact_urls(str(err))}", file=sys.stderr)
         raise SystemExit(USAGE_EXIT_CODE) from None
 
 

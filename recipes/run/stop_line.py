@@ -26,21 +26,22 @@ def _key(rank: int) -> str:
     return f"{KEY_PREFIX}{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
 
 
-def leave(line: str, rank: int, timeout_s: float = 2.0) -> bool:
-    """Leave ``line`` under this rank's key for global rank 0; whether it was stored."""
+def leave(line: str, rank: int, code: int = 75, timeout_s: float = 2.0) -> bool:
+    """Leave ``line`` and the exit code it stops with under this rank's key for global rank 0; whether it was
+    stored (damaged data stops with 65 on whichever rank meets it first: rank 0 must not requeue it as 75)."""
     store = rendezvous_store(timeout_s, quiet=True)
     if store is None:
         return False
     try:
-        store.set(_key(rank), line)
+        store.set(_key(rank), f"{code} {line}")
         return True
     except Exception as err:  # the store's host is gone: rank 0 prints its lost-peer line, as before
         log.debug("The stop line could not be left in the rendezvous store: %s", err)
         return False
 
 
-def left_by_peers(world_size: int, wait_s: float = 1.0, timeout_s: float = 2.0) -> str | None:
-    """The line a further rank left before it went (the lowest rank's), waiting up to ``wait_s`` for one.
+def left_by_peers(world_size: int, wait_s: float = 1.0, timeout_s: float = 2.0) -> tuple[int, str] | None:
+    """The exit code and line a further rank left before it went (the lowest rank's), waiting up to ``wait_s``.
 
     The wait covers a peer still on its way out when its collective partner saw it gone; a peer that died (a
     lost node) leaves nothing, and the wait is what that lost-peer line costs.
@@ -54,7 +55,8 @@ def left_by_peers(world_size: int, wait_s: float = 1.0, timeout_s: float = 2.0) 
         while True:
             for key in keys:
                 if store.check([key]):
-                    return store.get(key).decode()
+                    code, line = store.get(key).decode().split(" ", 1)
+                    return int(code), line
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.05)

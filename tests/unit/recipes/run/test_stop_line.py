@@ -35,7 +35,13 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[dist.TCPStore]:
 
 def test_a_line_left_by_rank_1_is_read_by_rank_0(store: dist.TCPStore) -> None:
     assert stop_line.leave(LINE, rank=1)
-    assert stop_line.left_by_peers(world_size=2, wait_s=0) == LINE
+    assert stop_line.left_by_peers(world_size=2, wait_s=0) == (75, LINE)
+
+
+def test_the_exit_code_a_rank_stopped_with_reaches_rank_0(store: dist.TCPStore) -> None:
+    """Damaged data met by rank 1 first stops with 65: rank 0 must not turn it into a requeue (75)."""
+    assert stop_line.leave(LINE, rank=1, code=65)
+    assert stop_line.left_by_peers(world_size=2, wait_s=0) == (65, LINE)
 
 
 def test_no_line_left_is_none_after_the_wait(store: dist.TCPStore) -> None:
@@ -49,7 +55,7 @@ def test_only_further_ranks_of_this_world_are_read(store: dist.TCPStore) -> None
     stop_line.leave("a rank of a larger world", rank=3)
     assert stop_line.left_by_peers(world_size=3, wait_s=0) is None
     stop_line.leave(LINE, rank=2)
-    assert stop_line.left_by_peers(world_size=3, wait_s=0) == LINE
+    assert stop_line.left_by_peers(world_size=3, wait_s=0) == (75, LINE)
 
 
 def test_a_torchrun_restart_does_not_read_the_previous_attempts_line(store: dist.TCPStore,
@@ -138,12 +144,12 @@ def test_a_peer_that_left_no_line_is_a_lost_peer(store: dist.TCPStore, monkeypat
 
 def test_the_line_is_kept_by_the_loaders_stop() -> None:
     """The loader's stop carries its line whether or not this rank prints it (only global rank 0 does)."""
-    from datamodules.streaming import StreamStopped, StreamUnavailable, _Unavailable
+    from datamodules.streaming import StopOnFault, StreamStopped, StreamUnavailable
 
     def gone() -> Iterator[int]:
         raise StreamUnavailable(LINE)
         yield 0
 
     with pytest.raises(StreamStopped) as stopped:
-        next(_Unavailable(gone(), loud=False))
+        next(StopOnFault(gone(), loud=False))
     assert stopped.value.code == 75 and stopped.value.line == LINE

@@ -1,0 +1,289 @@
+"""A prepared dataset's files as the run reads them: checked against ``atscale.json`` before any byte is decoded.
+
+Whoever can write to the bucket must not be able to run code on the training nodes or train a run on changed
+bytes. Two checks stand between the bucket and the decoder:
+
+- **Only the formats ``recipes.prepare`` writes are decoded** (:data:`SAFE_FORMATS`): litdata decodes each item
+  by the index's ``data_format``, and ``pickle`` (or an item loader or compression of its choosing) runs whatever
+  the chunk holds. An index that asks for anything else is refused before any item is read (:class:`UnsafeData`).
+- **Every file is verified when it is first fetched**: its SHA-256 against the one ``atscale.json`` lists, hashed
+  while it streams in (:class:`VerifiedFiles`). A mismatch, a truncated file or an index that is not the one
+  prepared stops the run (:class:`DataDamaged`), naming the file; a relaunch cannot fix that, so it is no requeue.
+
+The files of a bucket land in a local copy (``<cache_dir>/<url digest>/<split>/``) only once verified (written
+beside, renamed into place), and litdata decodes that copy as a local folder; a file already in the copy is hashed
+again once per process (the data at the URL may have been prepared again since, or the disk rotted). A folder
+dataset is hashed in place once per process and decoded where it is. The copy is held to ``max_cache_bytes``
+(oldest chunks deleted first).
+Written by hand: litdata fetches chunks on several paths (sync, async, byte ranges) with no hook to check them,
+and fsspec reads the bucket (an instance of its own per reader, from the environment of the process that reads).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DAMAGED_EXIT_CODE",
+    "LOCAL_FAULT_EXIT_CODE",
+    "SAFE_FORMATS",
+    "CacheUnwritable",
+    "DataDamaged",
+    "StreamFault",
+    "UnsafeData",
+    "VerifiedFiles",
+    "cache_bytes",
+    "check_index",
+    "fresh_fs",
+]
+
+#: Exit code of a run whose streamed data is damaged (``EX_DATAERR``): a relaunch meets the same bytes.
+DAMAGED_EXIT_CODE = 65
+#: Exit code of a run whose local chunk cache cannot be written (``EX_IOERR``): fix the disk, then relaunch.
+LOCAL_FAULT_EXIT_CODE = 74
+#: litdata's serializers that decode a prepared item without running code: what ``recipes.prepare`` writes
+#: (images: ``numpy`` pixels and an ``int`` label; tokens: ``no_header_numpy:<dtype>``).
+SAFE_FORMATS = ("numpy", "int", "no_header_numpy")
+#: The item loader and the absent compression/encryption ``recipes.prepare`` writes with.
+SAFE_LOADER = "PyTreeLoader"
+_BLOCK = 1 << 20
+_LOCAL_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
+
+
+class StreamFault(RuntimeError):
+    """Why the streamed data stopped the run; the message is the run's one line, ``exit_code`` its exit code."""
+
+    exit_code = 1
+
+
+class DataDamaged(StreamFault):
+    """A file is not the one prepared: another SHA-256, cut short, or an index that does not parse."""
+
+    exit_code = DAMAGED_EXIT_CODE
+
+
+class CacheUnwritable(StreamFault):
+    """The local chunk cache cannot take a file (read-only, no permission, full)."""
+
+    exit_code = LOCAL_FAULT_EXIT_CODE
+
+
+class UnsafeData(RuntimeError):
+    """An index that asks for a decoder that can run code (bad input: exit 2 before any item is read)."""
+
+
+def fresh_fs(url: str) -> tuple[Any, str]:
+    """A filesystem object for ``url`` made now, from this process's environment (never fsspec's cached one).
+
+    fsspec caches instances by their constructor's arguments, not the environment: a second launch in one
+    process (``train()`` twice in a notebook) with other ``AWS_*`` settings would read the first store.
+    """
+    import fsspec.core
+
+    return fsspec.core.url_to_fs(url, skip_instance_cache=True)
+
+
+def cache_bytes(size: str | int) -> int:
+    """A cache budget in bytes: an int, or litdata's spelling (``"25GB"``, ``"200KB"``; decimal units)."""
+    if isinstance(size, int):
+        return size
+    text = str(size).strip().upper()
+    for unit, factor in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3), ("B", 1)):
+        if text.endswith(unit):
+            try:
+                return int(float(text[: -len(unit)]) * factor)
+            except ValueError:
+                break
+    raise ValueError(f"max_cache_size={size!r}: expected bytes or a size such as '25GB' or '200KB'.")
+
+
+def check_index(index: dict[str, Any], where: str) -> None:
+    """Refuse (:class:`UnsafeData`) an index whose items a safe decoder cannot read; ``where`` names the file."""
+    config = index.get("config") or {}
+    formats = config.get("data_format") or []
+    unsafe = [f for f in formats if not isinstance(f, str) or f.split(":", 1)[0] not in SAFE_FORMATS]
+    if unsafe:
+        raise UnsafeData(f"{where}: items in the {', '.join(map(str, unsafe))} data format, which could run code "
+                         f"when read; only {', '.join(SAFE_FORMATS)} (what recipes.prepare writes) are read.")
+    others = {k: config.get(k) for k in ("compression", "encryption") if config.get(k)}
+    if config.get("item_loader", SAFE_LOADER) != SAFE_LOADER:
+        others["item_loader"] = config.get("item_loader")
+    if others:
+        found = ", ".join(f"{k} {v!r}" for k, v in others.items())
+        raise UnsafeData(f"{where}: {found}, which recipes.prepare never writes; refused unread.")
+
+
+class VerifiedFiles:
+    """One split's files, each fetched once and checked against its SHA-256 before it is decoded.
+
+    Args:
+        url: the split's folder or bucket URL (``<dataset url>/train``).
+        expected: SHA-256 of each file by its name in the split (``atscale.json``'s ``files``, the split's part);
+            ``None``: read from the dataset's ``atscale.json`` (the folder above ``url``) on first use.
+        cache_dir: where a bucket's verified files are copied (a folder's are read in place).
+        max_cache_bytes: the copy's budget; the oldest chunks are deleted past it.
+        shown_url: the URL as messages may print it (credentials redacted).
+    """
+
+    def __init__(self, url: str, expected: dict[str, str] | None, cache_dir: str, max_cache_bytes: int,
+                 shown_url: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._expected = None if expected is None else dict(expected)
+        self.remote = "://" in url and not url.startswith("file://")
+        self.shown_url = shown_url or self.url
+        digest = hashlib.sha256(self.url.encode()).hexdigest()[:16]
+        self.local_dir = (Path(cache_dir) / digest / Path(self.url).name) if self.remote else \
+            Path(self.url.removeprefix("file://")).absolute()
+        self.max_cache_bytes = max_cache_bytes
+        self._fs: Any = None
+        self._fs_pid = 0
+        self._index: dict[str, Any] | None = None
+        self._checked: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:  # a loader worker makes its own filesystem object
+        return {**self.__dict__, "_fs": None}
+
+    @property
+    def expected(self) -> dict[str, str]:
+        """SHA-256 of each of the split's files by name, as ``atscale.json`` lists them."""
+        if self._expected is None:
+            fs, root = fresh_fs(self.url)
+            parent, split = root.rstrip("/").rsplit("/", 1)
+            with fs.open(f"{parent}/atscale.json", "rb") as handle:
+                files = json.loads(handle.read()).get("files") or {}
+            self._expected = {name[len(split) + 1:]: sha for name, sha in files.items()
+                              if name.startswith(f"{split}/")}
+        return self._expected
+
+    def index(self) -> dict[str, Any]:
+        """The split's ``index.json``, checked for safe formats first (a hostile index is named as such even when
+        ``atscale.json`` was rewritten to match it), then verified (before any chunk is read)."""
+        if self._index is None:
+            if self.remote:
+                fs, root = self._fs_and_root()
+                with fs.open(f"{root}/index.json", "rb") as handle:
+                    text = handle.read()
+            else:
+                text = (self.local_dir / "index.json").read_bytes()
+            try:
+                index = json.loads(text)
+            except ValueError:
+                raise DataDamaged(self._damaged("index.json", "it is not the JSON prepared")) from None
+            check_index(index, f"{self.shown_url}/index.json")
+            self.path("index.json")
+            self._index = index
+        return self._index
+
+    def _fs_and_root(self) -> tuple[Any, str]:
+        """This process's filesystem object (a forked loader worker makes its own: s3fs's are not fork-safe)."""
+        if self._fs is None or self._fs_pid != os.getpid():
+            self._fs, self._fs_pid = fresh_fs(self.url), os.getpid()
+        return self._fs
+
+    def path(self, name: str) -> Path:
+        """The local path of file ``name``, fetched and verified first (once per process)."""
+        local = self.local_dir / name
+        if name in self._checked and local.exists():
+            return local
+        if name not in self.expected:
+            raise DataDamaged(self._damaged(name, "atscale.json lists no such file"))
+        if self.remote:
+            if _sha256_of(local, missing_ok=True) != self.expected[name]:
+                self._fetch(name, local)
+        else:
+            found = _sha256_of(local) or ""
+            if found != self.expected[name]:
+                raise DataDamaged(self._damaged(name, f"SHA-256 {found[:12]}, not the prepared "
+                                                      f"{self.expected[name][:12]}"))
+        self._checked.add(name)
+        return local
+
+    def _fetch(self, name: str, local: Path) -> None:
+        """Copy ``name`` from the bucket to ``local``, hashing it on the way; published only when it matches."""
+        fs, root = self._fs_and_root()
+        try:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            handle, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{name}.")
+            os.fchmod(handle, 0o644)  # as a plain copy would be (mkstemp makes it 0600)
+        except OSError as err:
+            raise self._unwritable(err) from None
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            try:  # unbuffered: a full disk is met at the write that fills it, never again at a close
+                with fs.open(f"{root}/{name}", "rb") as source:
+                    while block := source.read(_BLOCK):
+                        digest.update(block)
+                        size += len(block)
+                        self._local(_write_all, handle, block)
+            finally:
+                os.close(handle)
+            if digest.hexdigest() != self.expected[name]:
+                raise DataDamaged(self._damaged(name, f"SHA-256 {digest.hexdigest()[:12]} ({size} bytes), not the "
+                                                      f"prepared {self.expected[name][:12]}"))
+            self._local(os.replace, tmp, local)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        if name != "index.json":
+            self._trim(keep=local)
+
+    def _trim(self, keep: Path) -> None:
+        """Delete the oldest fetched chunks while the copy is over its budget (a reader that loses one refetches)."""
+        try:
+            chunks = sorted((p for p in self.local_dir.glob("*.bin")), key=lambda p: p.stat().st_mtime)
+            total = sum(p.stat().st_size for p in chunks)
+            for chunk in chunks:
+                if total <= self.max_cache_bytes or chunk == keep:
+                    break
+                total -= chunk.stat().st_size
+                chunk.unlink(missing_ok=True)
+                self._checked.discard(chunk.name)
+        except FileNotFoundError:  # another reader trimmed it first
+            pass
+
+    def _damaged(self, name: str, why: str) -> str:
+        return (f"atscale: the streamed data at {self.shown_url} is damaged: {name}: {why}; the run stopped "
+                f"(exit {DAMAGED_EXIT_CODE}, no requeue): prepare the data again (python -m recipes.prepare ...), "
+                "then relaunch.")
+
+    def _local(self, write: Any, *args: Any) -> Any:
+        """``write(*args)`` on the cache's disk: its faults are :class:`CacheUnwritable`, not a store's outage."""
+        try:
+            return write(*args)
+        except OSError as err:
+            raise self._unwritable(err) from None
+
+    def _unwritable(self, err: OSError) -> BaseException:
+        if err.errno not in _LOCAL_ERRNOS:
+            return err
+        return CacheUnwritable(
+            f"atscale: the chunk cache {self.local_dir.parent} cannot be written ({os.strerror(err.errno)}); the run "
+            f"stopped (exit {LOCAL_FAULT_EXIT_CODE}, no requeue): free it or pick another with --data.cache_dir, "
+            "then relaunch the same command: it resumes from the newest checkpoint.")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _sha256_of(path: Path, missing_ok: bool = False) -> str | None:
+    """The file's SHA-256; ``None`` for a missing file when ``missing_ok``."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            while block := handle.read(_BLOCK):
+                digest.update(block)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise
+    return digest.hexdigest()
