@@ -1,7 +1,7 @@
 """Data that does not fit in memory: litdata chunks streamed from a bucket or a folder, exact and elastic on resume.
 
 ``python -m recipes.prepare`` writes a dataset once, as litdata chunks (``litdata.optimize``), to a folder or a
-bucket URL (``s3://``, ``gs://``, ``az://``)::
+bucket URL (``s3://``, ``gs://``)::
 
     <url>/atscale.json            what the data is: kind, shapes, the source's digest, every chunk's SHA-256
     <url>/train/index.json        litdata's chunk index of the training split, and its chunk-*.bin files

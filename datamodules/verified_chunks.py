@@ -7,13 +7,15 @@ bytes. Two checks stand between the bucket and the decoder:
   by the index's ``data_format``, and ``pickle`` (or an item loader or compression of its choosing) runs whatever
   the chunk holds. An index that asks for anything else is refused before any item is read (:class:`UnsafeData`).
 - **Every file is verified when it is first fetched**: its SHA-256 against the one ``atscale.json`` lists, hashed
-  while it streams in (:class:`VerifiedFiles`). A mismatch, a truncated file or an index that is not the one
-  prepared stops the run (:class:`DataDamaged`), naming the file; a relaunch cannot fix that, so it is no requeue.
+  before it is written to the local copy (:class:`VerifiedFiles`). A mismatch, a truncated file or an index that
+  is not the one prepared stops the run (:class:`DataDamaged`), naming the file; a relaunch cannot fix that, so it
+  is no requeue.
 
 The files of a bucket land in a local copy (``<cache_dir>/<url digest>/<split>/``) only once verified (written
 beside, renamed into place), and litdata decodes that copy as a local folder; a file already in the copy is hashed
 again once per process (the data at the URL may have been prepared again since, or the disk rotted). A folder
-dataset is hashed in place once per process and decoded where it is. The copy is held to ``max_cache_bytes``
+dataset is decoded where it is, each file hashed in place every time it is decoded (someone else may rewrite it
+during the run; the hash costs a fraction of the decoding). The copy is held to ``max_cache_bytes``
 (oldest chunks deleted first).
 Written by hand: litdata fetches chunks on several paths (sync, async, byte ranges) with no hook to check them,
 and fsspec reads the bucket (an instance of its own per reader, from the environment of the process that reads).
@@ -52,7 +54,7 @@ LOCAL_FAULT_EXIT_CODE = 74
 SAFE_FORMATS = ("numpy", "int", "no_header_numpy")
 #: The item loader and the absent compression/encryption ``recipes.prepare`` writes with.
 SAFE_LOADER = "PyTreeLoader"
-_BLOCK = 1 << 20
+_BLOCK = 1 << 20  # reading a local file to hash it
 _LOCAL_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
 
@@ -145,6 +147,7 @@ class VerifiedFiles:
         self._fs_pid = 0
         self._index: dict[str, Any] | None = None
         self._checked: set[str] = set()
+        self._fetched_since_trim: int | None = None  # bytes; None: the copy's size is not known yet
 
     def __getstate__(self) -> dict[str, Any]:  # a loader worker makes its own filesystem object
         return {**self.__dict__, "_fs": None}
@@ -153,7 +156,7 @@ class VerifiedFiles:
     def expected(self) -> dict[str, str]:
         """SHA-256 of each of the split's files by name, as ``atscale.json`` lists them."""
         if self._expected is None:
-            fs, root = fresh_fs(self.url)
+            fs, root = self._fs_and_root()
             parent, split = root.rstrip("/").rsplit("/", 1)
             with fs.open(f"{parent}/atscale.json", "rb") as handle:
                 files = json.loads(handle.read()).get("files") or {}
@@ -187,10 +190,10 @@ class VerifiedFiles:
         return self._fs
 
     def path(self, name: str) -> Path:
-        """The local path of file ``name``, fetched and verified first (once per process)."""
+        """The local path of file ``name``, verified first (a bucket's: fetched once per process)."""
         local = self.local_dir / name
-        if name in self._checked and local.exists():
-            return local
+        if self.remote and name in self._checked and local.exists():
+            return local  # this process's own verified copy (a folder's file is hashed at every decode: it may change)
         if name not in self.expected:
             raise DataDamaged(self._damaged(name, "atscale.json lists no such file"))
         if self.remote:
@@ -205,37 +208,48 @@ class VerifiedFiles:
         return local
 
     def _fetch(self, name: str, local: Path) -> None:
-        """Copy ``name`` from the bucket to ``local``, hashing it on the way; published only when it matches."""
+        """Copy ``name`` from the bucket to ``local``, hashed before it is written; published only when it matches.
+
+        One GET of the whole file (``cat_file``: no size lookup first, which a streamed ``open`` makes and which
+        cost more than the hash); the file is held in memory once, a chunk's size.
+        """
         fs, root = self._fs_and_root()
+        data = fs.cat_file(f"{root}/{name}")
+        found = hashlib.sha256(data).hexdigest()
+        if found != self.expected[name]:
+            raise DataDamaged(self._damaged(name, f"SHA-256 {found[:12]} ({len(data)} bytes), not the prepared "
+                                                  f"{self.expected[name][:12]}"))
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
             handle, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{name}.")
             os.fchmod(handle, 0o644)  # as a plain copy would be (mkstemp makes it 0600)
         except OSError as err:
             raise self._unwritable(err) from None
-        digest = hashlib.sha256()
-        size = 0
         try:
             try:  # unbuffered: a full disk is met at the write that fills it, never again at a close
-                with fs.open(f"{root}/{name}", "rb") as source:
-                    while block := source.read(_BLOCK):
-                        digest.update(block)
-                        size += len(block)
-                        self._local(_write_all, handle, block)
+                self._local(_write_all, handle, data)
             finally:
                 os.close(handle)
-            if digest.hexdigest() != self.expected[name]:
-                raise DataDamaged(self._damaged(name, f"SHA-256 {digest.hexdigest()[:12]} ({size} bytes), not the "
-                                                      f"prepared {self.expected[name][:12]}"))
             self._local(os.replace, tmp, local)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        size = len(data)
         if name != "index.json":
-            self._trim(keep=local)
+            self._trim(keep=local, fetched=size)
 
-    def _trim(self, keep: Path) -> None:
-        """Delete the oldest fetched chunks while the copy is over its budget (a reader that loses one refetches)."""
+    def _trim(self, keep: Path, fetched: int) -> None:
+        """Delete the oldest fetched chunks while the copy is over its budget (a reader that loses one refetches).
+
+        The copy is measured (a listing of its files) on the first fetch and then once per tenth of the budget this
+        process has fetched, not on every fetch: a listing of a large cache costs more than a chunk. The copy may
+        so pass its budget by a tenth, and by what other readers fetched meanwhile.
+        """
+        if self._fetched_since_trim is not None:
+            self._fetched_since_trim += fetched
+            if self._fetched_since_trim < self.max_cache_bytes // 10:
+                return
+        self._fetched_since_trim = 0
         try:
             chunks = sorted((p for p in self.local_dir.glob("*.bin")), key=lambda p: p.stat().st_mtime)
             total = sum(p.stat().st_size for p in chunks)

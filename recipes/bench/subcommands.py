@@ -15,6 +15,7 @@ from recipes.bench import compression as bench_compression
 from recipes.bench import lm as bench_lm
 from recipes.bench import startup as bench_startup
 from recipes.bench import stream as bench_stream
+from recipes.bench import verify as bench_verify
 from recipes.bench.checkpoint import CHECKPOINT_MARGIN, bench_checkpoint, print_checkpoint
 from recipes.bench.contention import bench_contention, print_contention
 from recipes.bench.fit import FIT_MARGIN, GOAL_FIT_RATIO, bench_fit, bench_fit_ablation, print_fit, print_fit_ablation
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_stream.add_arguments(sub.add_parser(
         "stream", help="the digits recipe streamed from a local S3 server vs in memory: samples/s, data wait, cache",
         description=bench_stream.__doc__.splitlines()[0] if bench_stream.__doc__ else None))
+    bench_verify.add_arguments(sub.add_parser(
+        "verify", help="what checking each streamed chunk's SHA-256 costs its fetch (plain vs verified, medians)",
+        description=bench_verify.__doc__.splitlines()[0] if bench_verify.__doc__ else None))
     fit = sub.add_parser("fit", help="the default digits recipe's trainer.fit vs plain Lightning's, side by side",
                          description="trainer.fit of `python -m recipes.fit --config configs/digits.yaml` (in this "
                                      "process) and of plain Lightning on the same ImageClassifier, DigitsDataModule, "
@@ -151,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_startup.run(args)
         if args.command == "stream":
             return bench_stream.run(args)
+        if args.command == "verify":
+            return bench_verify.run(args)
         if args.command == "gpu":
             from recipes.bench import gpu as bench_gpu
 

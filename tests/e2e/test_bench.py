@@ -232,3 +232,20 @@ def test_startup_command_times_a_fresh_launch_and_its_relaunch(tmp_path: Path) -
     for cell in ("spawn to first step", "end of training to exit", "fresh launch", "relaunch",
                  'floor: python -c "import torch, lightning.pytorch"', "spawn to first step / floor, relaunch: x"):
         assert cell in text, cell
+
+
+def test_verify_command_times_both_fetches_of_the_same_chunks(tmp_path: Path) -> None:
+    """One round of each way over the 3 training chunks of 512 digits; the cost is the ratio of the medians."""
+    result = _bench(tmp_path, "verify", "--rounds", "1", "--chunk-items", "512", "--json")
+    figures = json.loads(result.stdout)
+    assert (figures["chunks"], figures["rounds"], figures["chunk_items"]) == (3, 1, 512)
+    assert figures["bytes"] > 0 and figures["hash_only_s"] > 0
+    assert {way: len(times) for way, times in figures["times_s"].items()} == {"plain": 1, "verified": 1}
+    assert figures["median_s"] == {way: times[0] for way, times in figures["times_s"].items()}
+    assert figures["cost"] == figures["median_s"]["verified"] / figures["median_s"]["plain"] - 1
+    from recipes.bench.verify import print_verify
+
+    table = _table(print_verify, figures)
+    assert "3 chunks" in table and f"verified vs plain: {figures['cost']:+.1%} (ratio of the medians)" in table
+    refused = run_module("recipes.bench", "verify", "--rounds", "0", cwd=tmp_path, env=cli_env(tmp_path))
+    assert refused.returncode == 2 and "--rounds 0 must be >= 1" in refused.stderr

@@ -287,7 +287,8 @@ def test_bucket_gone_under_ddp_ends_every_rank_as_a_stop(dataset: str, moto_s3: 
         client.copy_object(Bucket=bucket, Key=key, CopySource={"Bucket": BUCKET, "Key": key})
     url = f"s3://{bucket}/digits"
     drop = ("--trainer.callbacks+=tests.e2e.test_streaming.DropBucket", f"--trainer.callbacks.bucket={bucket}",
-            "--trainer.callbacks.step=4", f"--trainer.callbacks.marker={tmp_path / 'dropped'}")
+            "--trainer.callbacks.step=4", f"--trainer.callbacks.marker={tmp_path / 'dropped'}",
+            "--data.max_cache_size", "60KB")  # the second epoch fetches again (see the test above)
     first = run_fit(tmp_path, *streamed(tmp_path, url, *DDP, *drop), "--run_name", "gone",
                     env=env_for(tmp_path, moto_s3), timeout=300)
     assert first.returncode == REQUEUE, first.stderr[-3000:]
