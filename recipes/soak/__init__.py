@@ -12,6 +12,8 @@ Which module holds what (each imports only those above it, and none imports ``re
 - :mod:`recipes.soak.observe`: the MLflow store (through ``MlflowClient``) and the checkpoints that verify;
 - :mod:`recipes.soak.disk`: the tmpfs the ``disk_full`` fault fills;
 - :mod:`recipes.soak.bucket`: moto's S3 server behind the proxy the ``bucket_outage`` fault takes down;
+- :mod:`recipes.soak.dataset`: the streamed set the ``chunk_damaged`` and ``dataset_replaced`` faults damage and
+  replace, and the judges of what a launch that met it printed;
 - :mod:`recipes.soak.soak`: :class:`~recipes.soak.soak.Soak`, one chain: the reference, the faults, the checks;
 - :mod:`recipes.soak.report`: the JSON report over every chain and its tables.
 

@@ -47,6 +47,22 @@ and the steps it has left):
   process alone gets a SIGTERM (``--spot.notice_grace_s 5``): the watchdog must end the whole process group
   within the grace plus 15 s, with exit 75 and one ``atscale: hang:`` line naming rank 1 (``clean_exit``).
 
+With ``chunk_damaged`` or ``dataset_replaced`` among the kinds, every launch (and the reference) streams the digits
+set (``configs/digits-stream.yaml``, ``recipes.prepare digits --chunk_items 64``) from a folder of the chain's own,
+so that the other kinds strike streamed runs too (:mod:`recipes.soak.dataset`):
+
+- ``chunk_damaged``: 64 bytes are flipped in the training chunk that holds the run's last trained item (so every
+  launch with training left reads it, after training on the chunks before it), before the launch (one time in
+  three) or in its start-up (it has read no training chunk yet). The launch must stop with exit 65 and one
+  ``atscale: ... is damaged: <chunk>: SHA-256 ...`` line, never 75; then the soak puts the prepared bytes back
+  (what a user does after "prepare the data again") and the next launch, the same command, resumes.
+- ``dataset_replaced``: the launch gets a notice after a step drawn from the steps it has left (a fire drill,
+  ``--spot.drill_steps``: a real SIGTERM at a step, not at a moment, which the 16 ms steps often outran); it must
+  exit 75 after the notice save, whose checkpoint holds the data's index digest. Then the folder at the run's URL
+  is replaced by the same set split with another seed (``--split_seed 1``); the same command must be refused
+  (exit 2, one ``atscale:`` line naming both index digests) without training a step, the MLflow run left KILLED;
+  then the original folder goes back for the next launch. (Not applied when the stopped launch did not exit 75.)
+
 With ``--store s3`` every other kind runs on the object-storage run too (the staging directory is local), the
 expected resume point is what the CLI picks between the bucket and the staging directory, and two more checks
 apply: ``pointer_complete`` after every launch, and ``bitwise_equal`` on what the bucket's pointer names.
@@ -84,6 +100,12 @@ Invariants (each fault's problems name the one they break; the exit status is 1 
   whose record and every object are there with the recorded size and SHA-256 (read straight from moto).
 - ``ledger``: the run's goodput ledger sums to its bill within 0.1 % and its redone steps and start-up agree
   with the faults and launches the soak saw (``recipes/soak/ledger.py`` states the tolerances).
+- ``prepared_data_only`` (streamed runs): no launch trains on bytes other than the prepared ones: a launch that
+  meets the damaged chunk stops (it never exits 0 over it), and one that meets the replaced dataset trains no step
+  (with ``bitwise_equal``: the final weights are the reference's, which read only the prepared data);
+- ``no_requeue_loop`` (streamed runs): damaged or replaced data is never answered with exit 75, which a scheduler
+  requeues into the same data forever (65 and 2 are not requeued), and once the soak put the prepared data back no
+  launch meets the damage or the other digest again.
 
 How each kind is struck and checked is :class:`~recipes.soak.soak.Soak`'s; this module holds only what a fault
 is, so that the report and the tests read it without the machinery.
@@ -99,16 +121,18 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("new_store_kill", "sigterm", "sigkill", "disk_full", "corrupt", "double_launch", "bucket_outage",
-         "skewed_rank", "frozen_rank", "group_signal", "default_name")
+         "skewed_rank", "frozen_rank", "group_signal", "default_name", "chunk_damaged", "dataset_replaced")
 #: Kinds that need loader workers (``--workers`` > 0).
 WORKER_KINDS = ("group_signal",)
 #: Kinds that need an object-storage run root (``--store s3``).
 STORE_KINDS = ("bucket_outage",)
 #: Kinds that need several ranks (``--ddp``).
 RANK_KINDS = ("skewed_rank", "frozen_rank")
+#: Kinds that strike the streamed data: with one of them every launch streams (:mod:`recipes.soak.dataset`).
+DATA_KINDS = ("chunk_damaged", "dataset_replaced")
 INVARIANTS = ("finished", "bitwise_equal", "metric_history", "one_mlflow_run", "no_run_left_running",
               "resumed_from_newest", "no_checkpoint_lost", "clean_exit", "double_launch_refused", "store_usable",
-              "pointer_complete", "ledger")
+              "pointer_complete", "ledger", "prepared_data_only", "no_requeue_loop")
 CORRUPTED = {"truncate": "truncated", "flip": "byte-flipped"}
 
 
@@ -118,11 +142,11 @@ class PlannedFault:
 
     kind: str
     phase: str  # "startup", "early" or "training": where in a launch its moment falls
-    u: float  # position inside the phase, in [0, 1)
+    u: float  # position inside the phase, in [0, 1) (dataset_replaced: of the steps the launch has left)
     signal: str  # new_store_kill: SIGKILL or SIGTERM
     corrupt_mode: str  # corrupt: "truncate" or "flip"
-    explicit: bool  # corrupt: first name the corrupt file with --ckpt_path
-    cut: float  # corrupt: truncate to this fraction of the size / seed of the flipped offsets
+    explicit: bool  # corrupt: first name the corrupt file with --ckpt_path; chunk_damaged: damage before the launch
+    cut: float  # corrupt: truncate to this fraction of the size / seed of the flipped offsets (chunk_damaged too)
 
 
 def plan_faults(n: int, kinds: Sequence[str], seed: int) -> list[PlannedFault]:
@@ -143,8 +167,10 @@ def plan_faults(n: int, kinds: Sequence[str], seed: int) -> list[PlannedFault]:
         phase = rng.choice(("startup", "early", "training"))
         u, sig, mode, explicit, cut = (rng.random(), rng.choice(("SIGKILL", "SIGTERM")),
                                        rng.choice(("truncate", "flip")), rng.random() < 1 / 3, rng.random())
-        if kind in ("corrupt", "double_launch", *RANK_KINDS):
+        if kind in ("corrupt", "double_launch", "dataset_replaced", *RANK_KINDS):
             phase = "training"  # the launch must get as far as deciding (skip, refuse) before it is stopped
+        elif kind == "chunk_damaged":
+            phase = "startup"  # the launch has read no training chunk yet: it verifies the damaged one when it reads it
         plan.append(PlannedFault(kind, phase, u, sig, mode, explicit, cut))
     return plan
 

@@ -38,8 +38,9 @@ from rich.progress import Progress
 from callbacks.spot import CHECKPOINT_PATTERN, REQUEUE_EXIT_CODE
 from recipes.run.common import SIGINT_EXIT_CODE, USAGE_EXIT_CODE, command_run_name
 from recipes.soak.bucket import Bucket
+from recipes.soak.dataset import Dataset, data_stop_line, judge_damaged, judge_replaced
 from recipes.soak.disk import Disk
-from recipes.soak.faults import CORRUPTED, Fault, PlannedFault, RunState, Watch, corrupt
+from recipes.soak.faults import CORRUPTED, DATA_KINDS, Fault, PlannedFault, RunState, Watch, corrupt
 from recipes.soak.launch import (
     EXIT_WATCH_LINE,
     Launch,
@@ -82,6 +83,15 @@ class Soak:
         self.skipped_kinds: dict[str, str] = {}
         self.reference: dict[str, Any] = {}
         self.store_killed: Fault | None = None
+        #: with a kind of ``DATA_KINDS``: the streamed set every launch reads (see :mod:`recipes.soak.dataset`)
+        self.dataset: Dataset | None = None
+        if set(getattr(args, "kinds", ()) or ()) & set(DATA_KINDS):
+            reason = Dataset.unavailable()
+            if reason:
+                self.skipped_kinds.update(dict.fromkeys(DATA_KINDS, reason))
+                console.print(f"[yellow]{', '.join(DATA_KINDS)} faults skipped: {reason}[/]")
+            else:
+                self.dataset = Dataset(self.repo, self.root / "data", self.work / "data" / "digits")
 
     # ------------------------------------------------------------ commands
     def command(self, run_name: str, extra: Sequence[str] = (), named: bool = True) -> list[str]:
@@ -94,9 +104,11 @@ class Soak:
         while no drill rate is set) tells the runs' commands apart: each run is its command's own run
         (``recipes.run.common.command_run_name``), which a launch without ``--run_name`` resumes."""
         a = self.args
-        args = ["--config", str(self.repo / "configs/digits.yaml")]
+        args = ["--config", str(self.repo / (Dataset.CONFIG if self.dataset is not None else "configs/digits.yaml"))]
         if a.ddp:
             args += ["--config", str(self.repo / "configs/strategy/ddp.yaml")]
+        if self.dataset is not None:  # streamed, in the experiment the soak reads
+            args += ["--experiment", EXPERIMENT, *self.dataset.launch_args(reference=not chaos)]
         args += ["--trainer.max_epochs", str(a.epochs)]
         if a.batches:
             args += ["--trainer.limit_train_batches", str(a.batches)]
@@ -226,6 +238,9 @@ class Soak:
         workdir = self.root / "reference"
         workdir.mkdir(parents=True)
         self.logs.mkdir(parents=True, exist_ok=True)
+        if self.dataset is not None:
+            self.dataset.prepare(self.env(workdir), self.logs / "prepare",
+                                 other="dataset_replaced" in self.args.kinds)
         store = Store(workdir / "mlflow.db")
         launch = self.start("reference", "reference", workdir=workdir)
         anchor = self.anchor([launch], self.args.launch_timeout, workdir)
@@ -581,6 +596,81 @@ class Soak:
         fault.detail["upload_errors"] = launch.stderr().count("Could not upload checkpoint")
         return [launch]
 
+    def fault_damaged(self, fault: Fault, plan: PlannedFault) -> list[Launch]:
+        """64 bytes flipped in the training chunk the run reads last, before the launch (one time in three) or in
+        its start-up (before it reads a training chunk): it must stop with exit 65 and one line naming the chunk.
+        Then the prepared bytes go back, as a user puts them back after "prepare the data again", and the next
+        launch, the same command, must resume (``no_requeue_loop`` in :meth:`after_launch`)."""
+        assert self.dataset is not None
+        dataset, a = self.dataset, self.args
+        name = dataset.target(a.epochs, a.batches, 2 if a.ddp else 1)
+        fault.detail.update({"target": name, "when": "before the launch" if plan.explicit else "in its start-up"})
+
+        def damage() -> None:
+            fault.detail.update(dataset.damage(name, plan.cut))
+
+        if plan.explicit:
+            damage()
+            launch = self.start(fault.run_name, fault.kind)
+            self.protect(fault, [launch])
+            fault.moment_s = 0.0
+        else:
+            launch = self.start(fault.run_name, fault.kind)
+            self.strike(fault, [launch], self.moment(plan, [launch]), damage)
+        self.end(launch, a.launch_timeout)
+        if "flipped" in fault.detail:
+            dataset.repair(name)
+            fault.detail["repaired"] = True
+            fault.detail["line"] = (data_stop_line(launch.stderr()) or "")[:300]
+            first = dataset.first_step(name, launch.resumed_from or 0, a.epochs, a.batches, 2 if a.ddp else 1)
+            fault.detail["first_damaged_step"] = first
+            if not launch.hung:
+                for invariant, why in judge_damaged(launch.exit_code, launch.stderr(), str(dataset.folder), name,
+                                                    launch.furthest_step, first):
+                    fault.fail(invariant, f"{launch.label}: {why}")
+        return [launch]
+
+    def fault_replaced(self, fault: Fault, plan: PlannedFault) -> list[Launch]:
+        """A notice at a drawn step of what is left (``--spot.drill_steps``: a real SIGTERM after that step, exit 75
+        once its checkpoint, which holds the data's index digest, is saved; at a planned moment the digits run, 16 ms
+        a step, often ended first). Then the data at the URL is replaced by the set split with another seed: the same
+        command must be refused (exit 2, both digests named) before a step, the MLflow run left KILLED. The original
+        then goes back for the next launch."""
+        assert self.dataset is not None
+        dataset = self.dataset
+        done = (self.expected_resume(fault.run_name) or ("", 0))[1]
+        left = self.reference["steps"] - done - 1
+        if left < 1:
+            fault.struck = False
+            fault.detail["not_applied"] = f"no step left to stop the run after (resumes at {done})"
+            return []
+        drill = done + 1 + int(plan.u * left)
+        fault.detail["drill_step"] = drill
+        first = self.end(self.start(fault.run_name, f"{fault.kind}-stop", ["--spot.drill_steps", f"[{drill}]"]),
+                         self.args.launch_timeout)
+        self.protect(fault, [first])
+        if first.exit_code not in (REQUEUE_EXIT_CODE, 0) and not first.hung:
+            fault.fail("clean_exit", f"{first.label} exited {first.exit_code} after its notice at step {drill} "
+                                     f"(expected 75): {last_error(first.stderr())}")
+        if first.exit_code != REQUEUE_EXIT_CODE:
+            fault.struck = False
+            fault.detail["not_applied"] = f"the stopped launch exited {first.exit_code}, not 75 after a notice save"
+            return [first]
+        now, began = dataset.replace()
+        fault.moment_s = 0.0  # between launches
+        fault.detail.update({"index_digest": now, "began_with": began})
+        try:
+            second = self.end(self.start(fault.run_name, fault.kind), self.args.launch_timeout)
+            statuses = [r["status"] for r in self.store.runs(fault.run_name)]
+        finally:
+            dataset.restore()
+        fault.detail.update({"mlflow_status": statuses, "line": (data_stop_line(second.stderr()) or "")[:300]})
+        if not second.hung:
+            for invariant, why in judge_replaced(second.exit_code, second.stderr(), str(dataset.folder), now, began,
+                                                 second.furthest_step, statuses):
+                fault.fail(invariant, f"{second.label}: {why}")
+        return [first, second]
+
     def check_pointer(self, run_name: str, fault: Fault) -> None:
         """``--store s3``: the bucket's ``latest.json`` names a checkpoint whose record and objects all verify."""
         if self.bucket is None:
@@ -629,6 +719,10 @@ class Soak:
                 0, REQUEUE_EXIT_CODE) and not launch.signals and _STORE_ERROR.search(launch.stderr()[-4000:]):
             self.store_killed.fail("store_usable", f"{launch.label} failed on the store (exit {launch.exit_code}): "
                                                    f"{last_error(launch.stderr())}")
+        stopped_on = data_stop_line(launch.stderr()) if self.dataset is not None else None
+        if stopped_on and launch.label not in DATA_KINDS:  # the soak had put the prepared data back
+            blame.fail("no_requeue_loop", f"{launch.label} met damaged or other data again after the soak put the "
+                                          f"prepared data back (exit {launch.exit_code}): {stopped_on[:300]}")
         if observe:  # once per launch, or once for two launched together
             self.observe(run.name)
             self.check_pointer(run.name, blame)
@@ -702,6 +796,10 @@ class Soak:
             launches = self.fault_group_signal(fault, plan)
         elif plan.kind == "default_name":
             launches = self.fault_default_name(fault, plan)
+        elif plan.kind == "chunk_damaged":
+            launches = self.fault_damaged(fault, plan)
+        elif plan.kind == "dataset_replaced":
+            launches = self.fault_replaced(fault, plan)
         else:
             raise ValueError(plan.kind)
         struck = [x for x in launches if x.label not in ("corrupt-setup", "corrupt-explicit")]
@@ -870,6 +968,8 @@ class Soak:
         a = self.args
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.chaos / "runs").mkdir(parents=True, exist_ok=True)
+        if self.dataset is not None:
+            self.dataset.install()
         if "disk_full" in {p.kind for _, p in plan}:
             reason = self.disk.mount()
             if reason:

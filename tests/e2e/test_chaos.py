@@ -265,3 +265,43 @@ def test_soak_of_a_bucket_outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     failed = {name: v["problems"] for name, v in report["invariants"].items() if not v["ok"]}
     assert failed == {}
     assert report["ok"] is True and code == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.slow(covered_by="tests/unit/recipes/test_soak_dataset.py::test_a_damaged_launch_is_judged_by_its_exit_line_and_steps")
+def test_soak_of_damaged_and_replaced_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture) -> None:
+    """The streamed run as users stream it: after a notice at step 4 (exit 75) its folder holds the set split with
+    another seed (the relaunch refused, exit 2, both digests, the MLflow run left KILLED); then chunk 18 damaged in a
+    launch's start-up (exit 65 after 38 steps: batch 38 is the first with one of its items). Each put back, the same
+    command resumes and the run ends bitwise equal to the uninterrupted reference, which read only the prepared
+    data."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "chaos.json"
+    code = bench.main(["chaos", "--faults", "2", "--kinds", "chunk_damaged,dataset_replaced", "--seed", "2",
+                       "--epochs", "1", "--workdir", str(tmp_path / "soak"), "--out", str(out)])
+    report = json.loads(out.read_text())
+    print(capsys.readouterr().out)
+    assert set(report["invariants"]) == set(INVARIANTS) and "--data.url" in report["settings"]["command"]
+    replaced, damaged = report["faults"]
+    assert replaced["kind"] == "dataset_replaced" and replaced["exit_codes"] == [REQUEUE_EXIT_CODE, 2], json.dumps(
+        replaced, indent=1)
+    assert replaced["detail"]["drill_step"] == 4 and replaced["detail"]["mlflow_status"] == ["KILLED"]
+    assert replaced["detail"]["line"].startswith(
+        f"atscale: the data at {tmp_path}/soak/data/digits has index digest {replaced['detail']['index_digest'][:12]}, "
+        f"not the {replaced['detail']['began_with'][:12]} this run began with: ")
+    assert replaced["launches"][1]["furthest_step"] is None  # not a step on the other data
+    assert damaged["kind"] == "chunk_damaged" and damaged["exit_codes"] == [65], json.dumps(damaged, indent=1)
+    detail = damaged["detail"]
+    assert {k: detail[k] for k in ("target", "when", "flipped", "repaired", "first_damaged_step")} == {
+        "target": "chunk-0-18.bin", "when": "in its start-up", "flipped": 64, "repaired": True,
+        "first_damaged_step": 38}
+    assert detail["line"].startswith(f"atscale: the streamed data at {tmp_path}/soak/data/digits/train is damaged: "
+                                     "chunk-0-18.bin: SHA-256 ")
+    assert damaged["launches"][0]["furthest_step"] <= 38
+    (run,) = report["runs"]
+    assert run["checks"]["tensors_different"] == [] and [r["status"] for r in run["checks"]["mlflow_runs"]] == [
+        "FINISHED"]
+    failed = {name: v["problems"] for name, v in report["invariants"].items() if not v["ok"]}
+    assert failed == {}
+    assert report["ok"] is True and code == 0
