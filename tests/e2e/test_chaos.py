@@ -89,6 +89,7 @@ def test_a_hung_launch_is_reported_with_where_its_threads_were(tmp_path: Path) -
 
 
 @pytest.mark.e2e
+@pytest.mark.slow(covered_by="tests/e2e/test_chaos.py::test_soak_of_the_faults_users_launch_into")  # CI's time
 def test_soak_of_three_faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "chaos.json"
@@ -138,10 +139,17 @@ def test_soak_of_the_faults_users_launch_into(tmp_path: Path, monkeypatch: pytes
     code = bench.main(["chaos", "--faults", "2", "--kinds", "group_signal,default_name", "--seed", str(SEED),
                        "--epochs", "1", "--workers", "2", "--workdir", str(tmp_path / "soak"), "--out", str(out)])
     report = json.loads(out.read_text())
-    print(capsys.readouterr().out)
+    printed = capsys.readouterr().out
+    print(printed)
     assert sorted(f["kind"] for f in report["faults"]) == ["default_name", "group_signal"]
     assert all(f["struck"] for f in report["faults"]), json.dumps(report["faults"], indent=1)
+    # the report's shape and the goodput ledger, as test_soak_of_three_faults (the slow tier) checks them too
+    assert set(report) == REPORT_KEYS and all(set(fault) == FAULT_KEYS for fault in report["faults"])
+    assert set(report["invariants"]) == set(INVARIANTS) and "Chaos soak" in printed and "Invariants" in printed
     (run,) = report["runs"]
+    ledger = run["checks"]["ledger"]
+    assert sum(ledger["ledger"]["seconds"].values()) == pytest.approx(ledger["ledger"]["billed_s"], rel=1e-3)
+    assert ledger["lost_steps"]["ledger"] >= ledger["lost_steps"]["faults"]
     assert re.fullmatch(r"digits-[0-9a-f]{8}", run["name"])  # named by its command, as the default-name launch is
     assert run["checks"]["tensors_different"] == [] and [r["status"] for r in run["checks"]["mlflow_runs"]] == [
         "FINISHED"]
@@ -235,7 +243,7 @@ def test_rank_faults_need_several_ranks(kind: str, capsys: pytest.CaptureFixture
 
 
 @pytest.mark.e2e
-@pytest.mark.slow(covered_by="tests/e2e/test_chaos.py::test_soak_of_three_faults")
+@pytest.mark.slow(covered_by="tests/e2e/test_chaos.py::test_soak_of_the_faults_users_launch_into")
 def test_soak_of_a_bucket_outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                  capsys: pytest.CaptureFixture) -> None:
     """The bucket drops every connection for 8.5 s from early in training, with a SIGTERM 4.3 s in: the notice save
