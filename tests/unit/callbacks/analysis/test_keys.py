@@ -34,6 +34,7 @@ PENDING: dict[str, set[str]] = {}
 NOT_KEYS: dict[str, set[str]] = {
     "callbacks/timing.py": {"time/step"},  # the end table's row label
     "callbacks/utils/notices.py": {"spot/instance-action at "},  # AWS's metadata path, in a message
+    "recipes/soak/dataset.py": {"atscale.json"},  # a prepared dataset's description file, not a tag
     # optuna study attributes, not MLflow tags
     "recipes/sweep/study.py": {"atscale.mlflow_parent_run_id", "atscale.owner", "atscale.settings", "atscale.trials"},
 }
