@@ -31,7 +31,7 @@ index that asks for a decoder that runs code (exit 2, before any item is read). 
 began with: the checkpoint holds the index digest, and other data at the URL is refused with both digests named.
 
 Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``, ``worker_signals.py``,
-``verified_chunks.py``.
+``verified_chunks.py``, ``stream_stops.py``, ``urls.py``.
 """
 
 from __future__ import annotations

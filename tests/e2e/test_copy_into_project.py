@@ -503,21 +503,26 @@ SCRIPTS = {
         assert "val/acc" in t.logger.history
     """,
     "streaming": """
+        import hashlib
         import json
+        from pathlib import Path
 
         import numpy as np
         from litdata.streaming.writer import BinaryWriter
         from myproj.dms.streaming import StreamingImageDataModule
 
         # chunks as recipes.prepare writes them (litdata's writer, as litdata.optimize uses it), and atscale.json
+        # with every file's SHA-256 (the datamodule reads no file it does not list)
         for split, count in (("train", 64), ("val", 16)):
             writer = BinaryWriter(f"stream/{split}", chunk_size=16)
             for i in range(count):
                 writer[i] = {"x": np.full((1, 8, 8), i / 100, dtype=np.float32), "y": i % 10}
             writer.done()
             writer.merge()
+        files = {p.relative_to("stream").as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                 for p in Path("stream").rglob("*") if p.is_file()}
         with open("stream/atscale.json", "w") as handle:
-            json.dump({"kind": "images", "complete": True, "num_classes": 10}, handle)
+            json.dump({"kind": "images", "complete": True, "num_classes": 10, "files": files}, handle)
         dm = StreamingImageDataModule("stream", batch_size=8, cache_dir="cache")
         model = Tiny(features=64, classes=10)
         t = trainer(max_epochs=1, limit_val_batches=1.0)
@@ -645,7 +650,7 @@ def run_in_project(project: Path, script: str, timeout: float = 300) -> subproce
 def test_every_callback_and_datamodule_has_a_script() -> None:
     assert sorted(CALLBACKS) == sorted(set(SCRIPTS) - set(DATAMODULES) - set(TASKS))
     assert sorted(p.stem for p in (REPO / "datamodules").glob("*.py")) == sorted(
-        ["__init__", "loaders", "compat", "worker_signals", *DATAMODULES])
+        ["__init__", "loaders", "compat", "worker_signals", "verified_chunks", "stream_stops", "urls", *DATAMODULES])
 
 
 def test_copy_lists_are_read_as_written() -> None:
