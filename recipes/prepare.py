@@ -203,10 +203,10 @@ def _stream_format() -> int:
 
 # ------------------------------------------------------------------------------------------------ destination
 def _destination(url: str) -> tuple[Any, str]:
-    import fsspec.core
+    from datamodules.verified_chunks import fresh_fs
 
     try:
-        return fsspec.core.url_to_fs(url)
+        return fresh_fs(url)  # this call's environment: a cached instance may point at another store
     except (ImportError, ValueError) as err:
         raise UsageError(f"--output {url}: {err}") from None
 
