@@ -311,6 +311,7 @@ class _StreamingDataModule(pl.LightningDataModule):
         self.shown_url = redact(self.url)
         self._meta: dict[str, Any] | None = None
         self._digest: str | None = None
+        self._splits: dict[str, StreamedItems] = {}
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -377,12 +378,15 @@ class _StreamingDataModule(pl.LightningDataModule):
         self.fingerprint()
 
     def _split(self, split: str) -> StreamedItems:
-        prefix = f"{split}/"
-        expected = {name[len(prefix):]: sha for name, sha in (self.meta.get("files") or {}).items()
-                    if name.startswith(prefix)}
-        return self.items_cls(join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s,
-                              decoded_chunks=self.shuffle_window, expected=expected,
-                              shown_url=join(self.shown_url, split))
+        """The split's reader, made once per datamodule: the one ``fingerprint`` checked the index of."""
+        if split not in self._splits:
+            prefix = f"{split}/"
+            expected = {name[len(prefix):]: sha for name, sha in (self.meta.get("files") or {}).items()
+                        if name.startswith(prefix)}
+            self._splits[split] = self.items_cls(
+                join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s,
+                decoded_chunks=self.shuffle_window, expected=expected, shown_url=join(self.shown_url, split))
+        return self._splits[split]
 
     def setup(self, stage: str | None = None) -> None:
         self.fingerprint()
