@@ -271,6 +271,10 @@ class ReleaseInterruptedFrames(Callback):
         release_interrupted_frames(exception)
 
 
+#: Loggers muted by a stop, and their levels before it.
+_muted: dict[str, int] = {}
+
+
 def _raise_interrupted(signum: int, frame: Any) -> None:
     if _wrapping_up.is_set() and not (signum == signal.SIGINT and _deferred):  # a second Ctrl-C insists
         if not _deferred:
@@ -286,6 +290,10 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
         return
     _deferred.clear()
     _stopping.set()
+    # raised wherever the main thread is: inside a library (SQLAlchemy reading the tracking store) that then logs
+    # its own cleanup's failure with a traceback; the run is going down with its one line, so that noise is muted
+    _muted.setdefault("sqlalchemy", logging.getLogger("sqlalchemy").level)
+    logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL + 1)
     raise Interrupted(signum)
 
 
@@ -306,6 +314,9 @@ def reset_stop_signals() -> None:
     _stopping.clear()
     _wrapping_up.clear()
     _deferred.clear()
+    for name, level in _muted.items():  # the next fit's store errors are shown again
+        logging.getLogger(name).setLevel(level)
+    _muted.clear()
 
 
 def install_stop_signals() -> None:
