@@ -1,4 +1,4 @@
-"""The datamodules' couplings to private parts of torchdata's ``StatefulDataLoader`` state, each in one place.
+"""The datamodules' couplings to private parts of torchdata's ``StatefulDataLoader`` state and of litdata, one place.
 
 ``StatefulDataLoader.state_dict()`` is documented as opaque; its keys are underscored. The resumable loader
 (``loaders.py``) needs three facts from it that no public API gives: how many workers the loader that took it had
@@ -7,13 +7,20 @@
 iterator finished its pass. ``tests/unit/datamodules/test_compat.py`` and ``test_loader_worker_count.py`` check
 them against a real loader, with and without workers, and fail naming the key when an upgrade moves it (checked:
 torchdata 0.11).
+
+litdata writes each chunk's item layout (``index.json``'s ``data_spec``) as a serialized pytree spec, and reads it
+back with ``treespec_loads`` from a private module; its item loader is set up with its serializers, made by a private
+function. :func:`item_loader` is litdata's own reader of a chunk's items, set up as litdata sets it up
+(``tests/unit/datamodules/test_streaming.py`` decodes prepared chunks with it and compares litdata's own
+``StreamingDataset`` item by item; checked: litdata 0.2.76).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["iterator_finished", "sampler_state", "saved_num_workers", "served_sampler_state", "with_sampler_state"]
+__all__ = ["item_loader", "iterator_finished", "sampler_state", "saved_num_workers", "served_sampler_state",
+           "with_sampler_state"]
 
 
 def served_sampler_state(state: dict[str, Any]) -> Any:
@@ -44,3 +51,15 @@ def saved_num_workers(state: dict[str, Any]) -> int | None:
         count = (snapshot.get("_main_snapshot") or {}).get("_num_workers")
         return int(count) if count is not None else None
     return 0 if "_num_yielded" in state else None
+
+
+def item_loader(index: dict[str, Any]) -> Any:
+    """litdata's ``PyTreeLoader`` set up for a split's ``index.json`` (what decodes one item's bytes)."""
+    from litdata.streaming.item_loader import PyTreeLoader
+    from litdata.streaming.serializers import _get_serializers
+    from litdata.utilities._pytree import treespec_loads
+
+    loader = PyTreeLoader()
+    loader.setup({**index["config"], "data_spec": treespec_loads(index["config"]["data_spec"])}, index["chunks"],
+                 _get_serializers(None))
+    return loader

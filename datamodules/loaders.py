@@ -82,11 +82,14 @@ class PassSampler(Sampler[int]):
         order: the permutation of a pass, given its seed (``seed + p``); default ``torch.randperm`` of the
             data. It must depend on the seed alone, never on the world, so that every world walks one order
             (``datamodules.streaming`` passes a chunk-aware one).
+        on_position: told ``(seed of the pass, position, index)`` before each index is handed out (a streamed
+            dataset fetches ahead of it); it must not change the order.
     """
 
     def __init__(self, dataset: Dataset, num_replicas: int = 1, rank: int = 0, seed: int = 0,
                  samples_per_pass: int | None = None, batch_size: int = 1,
-                 order: Callable[[int], Sequence[int]] | None = None) -> None:
+                 order: Callable[[int], Sequence[int]] | None = None,
+                 on_position: Callable[[int, int, int], None] | None = None) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"PassSampler(rank={rank!r}) must lie in [0, num_replicas={num_replicas!r}).")
         self.dataset_size = len(dataset)  # type: ignore[arg-type]
@@ -95,6 +98,7 @@ class PassSampler(Sampler[int]):
         self.seed = seed
         self.batch_size = batch_size
         self.order = order
+        self.on_position = on_position
         #: Positions of the permutation one pass consumes over all ranks.
         self.samples_per_pass = min(self.dataset_size, samples_per_pass or self.dataset_size)
         self.epoch = 0
@@ -172,8 +176,11 @@ class PassSampler(Sampler[int]):
         order = self.permutation(self.epoch)
         mine = self.positions(self.cursor)
         self._start, self._share, self._taken, self._iterating = self.cursor, len(mine), 0, True
+        told, seed = self.on_position, self.seed + self.epoch
         for position in mine:
             self._taken += 1
+            if told is not None:
+                told(seed, position, order[position])
             yield order[position]
 
     def state_dict(self) -> dict[str, Any]:
@@ -294,6 +301,7 @@ def stateful_train_loader(
     num_workers: int = 0,
     order: Callable[[int], Sequence[int]] | None = None,
     loader_cls: type[ResumableLoader] | None = None,
+    on_position: Callable[[int, int, int], None] | None = None,
 ) -> ResumableLoader:
     """A resumable, shuffled training loader sharded over the trainer's ranks (one process without a trainer).
 
@@ -305,10 +313,12 @@ def stateful_train_loader(
         num_workers: loader worker processes.
         order: the permutation of a pass given its seed (see :class:`PassSampler`); default ``torch.randperm``.
         loader_cls: the loader class (a :class:`ResumableLoader`); default :class:`ResumableLoader`.
+        on_position: told each position the sampler hands out (see :class:`PassSampler`).
     """
     world_size = trainer.world_size if trainer is not None else 1
     rank = trainer.global_rank if trainer is not None else 0
-    sampler = PassSampler(dataset, world_size, rank, seed, batch_size=batch_size, order=order)
+    sampler = PassSampler(dataset, world_size, rank, seed, batch_size=batch_size, order=order,
+                          on_position=on_position)
     if trainer is not None:
         sampler.samples_per_pass = min(sampler.dataset_size,
                                        batches_per_epoch(len(sampler), batch_size, trainer) * batch_size * world_size)

@@ -9,8 +9,9 @@ bucket URL (``s3://``, ``gs://``)::
 
 The datamodules below fetch each file once into a local cache (deleted past ``max_cache_size``), verified against
 ``atscale.json``'s SHA-256 on the way and decoded only in the formats ``recipes.prepare`` writes
-(:mod:`datamodules.verified_chunks`), read it with litdata's ``StreamingDataset`` used as a random-access dataset,
-and train it through the project's own resumable loader (:func:`datamodules.loaders.stateful_train_loader`), not
+(:mod:`datamodules.verified_chunks`), decode each chunk whole into tensors (:mod:`datamodules.streamed_items`),
+fetch and decode the next window of chunks while the current one trains (:mod:`datamodules.fetch_ahead`), and
+train it through the project's own resumable loader (:func:`datamodules.loaders.stateful_train_loader`), not
 litdata's ``StreamingDataLoader``.
 
 Why not litdata's own loader state: it is per rank and counts batches of the world that saved it. litdata 0.2.76
@@ -31,32 +32,37 @@ index that asks for a decoder that runs code (exit 2, before any item is read). 
 began with: the checkpoint holds the index digest, and other data at the URL is refused with both digests named.
 
 Copy with it (paths under ``datamodules/``): ``loaders.py``, ``compat.py``, ``worker_signals.py``,
-``verified_chunks.py``, ``stream_stops.py``, ``urls.py``.
+``verified_chunks.py``, ``stream_stops.py``, ``urls.py``, ``streamed_items.py``, ``fetch_ahead.py``.
 """
 
 from __future__ import annotations
 
-import bisect
-import collections
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
+from .fetch_ahead import FetchAhead
 from .loaders import ResumableLoader, stateful_train_loader
-from .stream_stops import UNAVAILABLE_EXIT_CODE, StopOnFault, StreamStopped, StreamUnavailable, _reason, stop
+from .stream_stops import (
+    UNAVAILABLE_EXIT_CODE,
+    StopOnFault,
+    StreamStopped,
+    StreamUnavailable,
+    _reason,  # noqa: F401 - where the tests and callers have read it
+    stop,
+)
+from .streamed_items import StreamedItems
 from .urls import check_data_url, redact
-from .verified_chunks import StreamFault, UnsafeData, VerifiedFiles, cache_bytes, fresh_fs
+from .verified_chunks import StreamFault, fresh_fs
 
 __all__ = [
     "STREAM_FORMAT",
@@ -125,112 +131,6 @@ def _without_write_times(value: Any) -> Any:
     return value
 
 
-class StreamedItems(Dataset):
-    """One split of a prepared dataset as a map-style dataset: item ``i`` read through litdata's cache.
-
-    The ``StreamingDataset`` is made on first use in each process (a loader worker makes its own), so the object
-    pickles as its settings. Each file is verified before it is decoded (:class:`VerifiedFiles`, with
-    ``expected``); damage or an unwritable cache raises at once, a failed read is retried (every 0.5 s) for
-    ``read_timeout_s``, then raises :class:`StreamUnavailable`.
-
-    An item is served from its chunk decoded whole, and the last ``decoded_chunks`` chunks are kept decoded:
-    litdata decodes a window of neighbours for every random read (made for sequential reads), so items asked in
-    the shuffled order within a window of chunks cost a window's decoding each (3.3 ms an item on digits from a
-    folder, against a chunk's decoding shared by its items here). Written by hand: litdata has no decoded-chunk
-    cache for random access.
-
-    Args:
-        url: the split's folder or bucket URL (``<dataset url>/train``).
-        cache_dir: where litdata keeps downloaded chunks.
-        max_cache_size: litdata's cache budget (``"1GB"``, bytes).
-        read_timeout_s: how long a read may keep failing before the run ends.
-        decoded_chunks: chunks kept decoded in memory (each loader worker keeps its own); the datamodules pass
-            their ``shuffle_window``, the chunks one stretch of the order reads from.
-        expected: SHA-256 of each of the split's files by name (``atscale.json``'s ``files``, this split's part).
-        shown_url: ``url`` as messages print it (credentials redacted).
-    """
-
-    def __init__(self, url: str, cache_dir: str, max_cache_size: str | int = "25GB",
-                 read_timeout_s: float = 120.0, decoded_chunks: int = 4, expected: dict[str, str] | None = None,
-                 shown_url: str | None = None) -> None:
-        if decoded_chunks < 1:
-            raise ValueError(f"StreamedItems(decoded_chunks={decoded_chunks!r}) must be >= 1.")
-        self.url = url
-        self.shown_url = shown_url or redact(url)
-        self.files = VerifiedFiles(url, expected, cache_dir, cache_bytes(max_cache_size), self.shown_url)
-        self.cache_dir = cache_dir
-        self.max_cache_size = max_cache_size
-        self.read_timeout_s = read_timeout_s
-        self.decoded_chunks = decoded_chunks
-        self._stream: Any = None
-        self._length: int | None = None
-        self._starts: list[int] | None = None
-        self._names: list[str] | None = None
-        self._decoded: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()
-
-    def _open(self) -> Any:
-        if self._stream is None:
-            from litdata import StreamingDataset
-
-            self.files.index()  # verified and safe before litdata reads it
-            self._stream = StreamingDataset(str(self.files.local_dir))  # a local folder: read in place
-        return self._stream
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_stream": None, "_decoded": collections.OrderedDict()}
-
-    def _item(self, index: int) -> Any:
-        """Item ``index``, from its chunk decoded whole (kept among the last ``decoded_chunks`` chunks)."""
-        if self._starts is None:
-            self._starts = list(itertools.accumulate(self.chunk_sizes(), initial=0))
-        if not 0 <= index < self._starts[-1]:
-            raise IndexError(f"{self.shown_url}: item {index} of {self._starts[-1]}")
-        chunk = bisect.bisect_right(self._starts, index) - 1
-        items = self._decoded.get(chunk)
-        if items is None:
-            stream = self._open()
-            assert self._names is not None
-            self.files.path(self._names[chunk])  # fetched and verified before litdata decodes it
-            items = [stream[i] for i in range(self._starts[chunk], self._starts[chunk + 1])]  # in order: one pass
-            self._decoded[chunk] = items
-            while len(self._decoded) > self.decoded_chunks:
-                self._decoded.popitem(last=False)
-        else:
-            self._decoded.move_to_end(chunk)
-        return items[index - self._starts[chunk]]
-
-    def chunk_sizes(self) -> list[int]:
-        """Items in each chunk, in the index's order (item ``i`` lies in the chunk its cumulative count says)."""
-        chunks = self.files.index()["chunks"]
-        self._names = [str(chunk["filename"]) for chunk in chunks]
-        return [int(chunk["chunk_size"]) for chunk in chunks]
-
-    def __len__(self) -> int:
-        if self._length is None:
-            self._length = sum(self.chunk_sizes())
-        return self._length
-
-    def __getitem__(self, index: int) -> Any:
-        deadline = None
-        while True:
-            try:
-                return self._item(int(index))
-            except (KeyboardInterrupt, SystemExit, MemoryError, IndexError):  # IndexError: past the split's end
-                raise
-            except (StreamFault, UnsafeData):  # damage, the local cache: a retry meets the same
-                raise
-            except Exception as err:  # a network, permission or missing-object error of the store
-                now = time.monotonic()
-                deadline = deadline if deadline is not None else now + self.read_timeout_s
-                if now >= deadline:
-                    raise StreamUnavailable(
-                        f"atscale: the streamed data at {self.shown_url} cannot be read ({_reason(err)}) "
-                        f"for {self.read_timeout_s:g} s; the run stopped (exit {UNAVAILABLE_EXIT_CODE}). Relaunch the "
-                        "same command once it is back: it resumes from the newest checkpoint.") from None
-                self._stream = None  # a fresh client and reader on the next try
-                time.sleep(0.5)
-
-
 class ChunkOrder:
     """The chunk-aware permutation of a pass, from its seed alone (never the world or the workers).
 
@@ -249,6 +149,11 @@ class ChunkOrder:
         self.sizes = [int(s) for s in chunk_sizes]
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64).tolist()
         self.window = window
+
+    def windows(self, seed: int) -> list[list[int]]:
+        """The chunks of each window of pass ``seed``, in the order the pass reads them."""
+        chunks = torch.randperm(len(self.sizes), generator=torch.Generator().manual_seed(seed)).tolist()
+        return [chunks[first:first + self.window] for first in range(0, len(chunks), self.window)]
 
     def __call__(self, seed: int) -> list[int]:
         generator = torch.Generator().manual_seed(seed)
@@ -290,9 +195,11 @@ class _StreamingDataModule(pl.LightningDataModule):
 
     def __init__(self, url: str, batch_size: int, shuffle_seed: int = 0, shuffle_window: int = 4,
                  num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "25GB",
-                 read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
+                 read_timeout_s: float = 120.0, index_digest: str | None = None, fetch_ahead: int = 1) -> None:
         super().__init__()
         name = type(self).__name__
+        if fetch_ahead < 0:
+            raise ValueError(f"{name}(fetch_ahead={fetch_ahead!r}) must be >= 0 (0: no fetching ahead).")
         if batch_size < 1:
             raise ValueError(f"{name}(batch_size={batch_size!r}) must be >= 1.")
         if shuffle_window < 1:
@@ -308,6 +215,7 @@ class _StreamingDataModule(pl.LightningDataModule):
         self.max_cache_size = max_cache_size
         self.read_timeout_s = read_timeout_s
         self.index_digest = index_digest
+        self.fetch_ahead = fetch_ahead
         self.shown_url = redact(self.url)
         self._meta: dict[str, Any] | None = None
         self._digest: str | None = None
@@ -396,8 +304,37 @@ class _StreamingDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> ResumableLoader:
         with self._stops():
             order = ChunkOrder(self.train_set.chunk_sizes(), self.shuffle_window)
+            ahead = self._fetch_ahead(order)
         return stateful_train_loader(self.train_set, self.batch_size, self.shuffle_seed, self.trainer,
-                                     self.num_workers, order=order, loader_cls=StreamingLoader)
+                                     self.num_workers, order=order, loader_cls=StreamingLoader,
+                                     on_position=None if ahead is None else ahead.reached)
+
+    def _fetch_ahead(self, order: ChunkOrder) -> FetchAhead | None:
+        """The training split's fetch-ahead (:mod:`datamodules.fetch_ahead`), made anew with each loader.
+
+        Without loader workers it decodes too (the training thread takes chunks decoded); with workers it fetches
+        into the local copy, which the workers read. ``fetch_ahead=0``: none.
+        """
+        items = self.train_set
+        if items.ahead is not None:
+            items.ahead.close()
+            items.ahead = None
+        if self.fetch_ahead == 0:
+            return None
+        files = items.files
+        ahead = FetchAhead(items.decode if self.num_workers == 0 else items.fetch, order.windows, items.chunk_of,
+                           items.chunk_sizes(), items.chunk_bytes(), ahead=self.fetch_ahead,
+                           budget_bytes=files.max_cache_bytes if files.remote else 1 << 62,
+                           threads=max(2, min(8, self.shuffle_window)), keep=files.keep, name_of=items.chunk_name)
+        items.ahead = ahead  # holds what it decoded until the cursor is a window past it
+        return ahead
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Stop the fetch-ahead's threads (none is left after a run, a stop or a failure)."""
+        items = self._splits.get("train")
+        if items is not None and items.ahead is not None:
+            items.ahead.close()
+            items.ahead = None
 
     def val_dataloader(self) -> DataLoader:
         # every rank evaluates the whole validation split, in order: exact metrics, no padding
@@ -414,16 +351,28 @@ class _StreamingDataModule(pl.LightningDataModule):
 
 
 class _ImageItems(StreamedItems):
+    """Images as float32 ``(C, H, W)`` and int64 labels, stacked per chunk (an item is an index into them)."""
+
     @override
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        item = super().__getitem__(index)
-        return torch.from_numpy(np.asarray(item["x"], dtype=np.float32)), torch.tensor(int(item["y"]))
+    def columns(self, items: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        images = np.stack([np.asarray(item["x"], dtype=np.float32) for item in items])
+        return torch.from_numpy(images), torch.tensor([int(item["y"]) for item in items], dtype=torch.int64)
+
+    @override
+    def pick(self, columns: tuple[torch.Tensor, torch.Tensor], offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return columns[0][offset], columns[1][offset]
 
 
 class _TokenItems(StreamedItems):
+    """Token windows as int64 ``(inputs, targets)`` shifted by one, stacked per chunk."""
+
     @override
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        window = torch.from_numpy(np.asarray(super().__getitem__(index)["x"]).astype(np.int64))
+    def columns(self, items: list[Any]) -> torch.Tensor:
+        return torch.from_numpy(np.stack([np.asarray(item["x"]) for item in items]).astype(np.int64))
+
+    @override
+    def pick(self, columns: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        window = columns[offset]
         return window[:-1], window[1:]
 
 
@@ -443,6 +392,8 @@ class StreamingImageDataModule(_StreamingDataModule):
         max_cache_size: the cache's budget (litdata deletes read chunks past it).
         read_timeout_s: how long a read may keep failing before the run ends (one ``atscale:`` line, exit 75).
         index_digest: when set, the data at ``url`` must have this index digest (``recipes.reproduce`` pins it).
+        fetch_ahead: windows of chunks fetched (and decoded) ahead of the training cursor, in background threads,
+            as far as ``max_cache_size`` holds them (0: each chunk is read when the cursor first needs it).
 
     Raises:
         ValueError: for a bad value (named).
@@ -461,9 +412,9 @@ class StreamingImageDataModule(_StreamingDataModule):
 
     def __init__(self, url: str, batch_size: int = 32, shuffle_seed: int = 0, shuffle_window: int = 4,
                  num_workers: int = 0, cache_dir: str = "data/cache/stream", max_cache_size: str = "25GB",
-                 read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
+                 read_timeout_s: float = 120.0, index_digest: str | None = None, fetch_ahead: int = 1) -> None:
         super().__init__(url, batch_size, shuffle_seed, shuffle_window, num_workers, cache_dir, max_cache_size,
-                         read_timeout_s, index_digest)
+                         read_timeout_s, index_digest, fetch_ahead)
 
     @property
     def num_classes(self) -> int:
@@ -503,6 +454,7 @@ class StreamingTextDataModule(_StreamingDataModule):
         max_cache_size: the cache's budget.
         read_timeout_s: how long a read may keep failing before the run ends.
         index_digest: when set, the data at ``url`` must have this index digest.
+        fetch_ahead: windows of chunks fetched ahead of the training cursor (0: none).
 
     Raises:
         ValueError: for a bad value (named).
@@ -517,9 +469,10 @@ class StreamingTextDataModule(_StreamingDataModule):
 
     def __init__(self, url: str, block_size: int = 128, batch_size: int = 16, shuffle_seed: int = 0,
                  shuffle_window: int = 4, num_workers: int = 0, cache_dir: str = "data/cache/stream",
-                 max_cache_size: str = "25GB", read_timeout_s: float = 120.0, index_digest: str | None = None) -> None:
+                 max_cache_size: str = "25GB", read_timeout_s: float = 120.0, index_digest: str | None = None,
+                 fetch_ahead: int = 1) -> None:
         super().__init__(url, batch_size, shuffle_seed, shuffle_window, num_workers, cache_dir, max_cache_size,
-                         read_timeout_s, index_digest)
+                         read_timeout_s, index_digest, fetch_ahead)
         self.block_size = block_size
 
     def _check_block_size(self) -> None:

@@ -12,22 +12,26 @@ bytes. Two checks stand between the bucket and the decoder:
   is no requeue.
 
 The files of a bucket land in a local copy (``<cache_dir>/<url digest>/<split>/``) only once verified (written
-beside, renamed into place), and litdata decodes that copy as a local folder; a file already in the copy is hashed
-again once per process (the data at the URL may have been prepared again since, or the disk rotted). A folder
-dataset is decoded where it is, each file hashed in place every time it is decoded (someone else may rewrite it
-during the run; the hash costs a fraction of the decoding). The copy is held to ``max_cache_bytes``
-(oldest chunks deleted first).
+beside, renamed into place); a folder dataset is read where it is. Either way the bytes are hashed again at every
+read, the very bytes then decoded (:mod:`datamodules.streamed_items`): the data at the URL may have been prepared
+again since, someone may rewrite a folder during the run, a disk may rot, and the hash (1.8 GB/s) costs a
+fraction of the decoding. The copy is held to ``max_cache_bytes`` (oldest chunks deleted first, never one the
+reader is about to read).
 Written by hand: litdata fetches chunks on several paths (sync, async, byte ranges) with no hook to check them,
 and fsspec reads the bucket (an instance of its own per reader, from the environment of the process that reads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +58,7 @@ LOCAL_FAULT_EXIT_CODE = 74
 SAFE_FORMATS = ("numpy", "int", "no_header_numpy")
 #: The item loader and the absent compression/encryption ``recipes.prepare`` writes with.
 SAFE_LOADER = "PyTreeLoader"
-_BLOCK = 1 << 20  # reading a local file to hash it
+_TEMP = ".part"  # a fetch's file before it is renamed into place: ``.<name>.<pid>.<random>.part``
 _LOCAL_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 
 
@@ -146,11 +150,18 @@ class VerifiedFiles:
         self._fs: Any = None
         self._fs_pid = 0
         self._index: dict[str, Any] | None = None
-        self._checked: set[str] = set()
-        self._fetched_since_trim: int | None = None  # bytes; None: the copy's size is not known yet
+        self._keep: frozenset[str] = frozenset()
+        self._trim_lock = threading.Lock()
+        self._copy_bytes: int | None = None  # the copy's size as this process counts it; None: list it
+        self._fetched_since_listing = 0
+        if self.remote:
+            _remove_dead_temps(self.local_dir)
 
     def __getstate__(self) -> dict[str, Any]:  # a loader worker makes its own filesystem object
-        return {**self.__dict__, "_fs": None}
+        return {**self.__dict__, "_fs": None, "_trim_lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _trim_lock=threading.Lock())
 
     @property
     def expected(self) -> dict[str, str]:
@@ -177,7 +188,7 @@ class VerifiedFiles:
             try:
                 index = json.loads(text)
             except ValueError:
-                raise DataDamaged(self._damaged("index.json", "it is not the JSON prepared")) from None
+                raise DataDamaged(self.damaged("index.json", "it is not the JSON prepared")) from None
             check_index(index, f"{self.shown_url}/index.json")
             self.path("index.json")
             self._index = index
@@ -190,24 +201,55 @@ class VerifiedFiles:
         return self._fs
 
     def path(self, name: str) -> Path:
-        """The local path of file ``name``, verified first (a bucket's: fetched once per process)."""
-        local = self.local_dir / name
-        if self.remote and name in self._checked and local.exists():
-            return local  # this process's own verified copy (a folder's file is hashed at every decode: it may change)
-        if name not in self.expected:
-            raise DataDamaged(self._damaged(name, "atscale.json lists no such file"))
-        if self.remote:
-            if _sha256_of(local, missing_ok=True) != self.expected[name]:
-                self._fetch(name, local)
-        else:
-            found = _sha256_of(local) or ""
-            if found != self.expected[name]:
-                raise DataDamaged(self._damaged(name, f"SHA-256 {found[:12]}, not the prepared "
-                                                      f"{self.expected[name][:12]}"))
-        self._checked.add(name)
-        return local
+        """The local path of file ``name``, verified first (a bucket's: fetched into the copy when it is not there)."""
+        self.read(name)
+        return self.local_dir / name
 
-    def _fetch(self, name: str, local: Path) -> None:
+    def read(self, name: str) -> bytes:
+        """File ``name``'s bytes, their SHA-256 checked: a folder's read in place, a bucket's from the local copy when
+        it holds them, else fetched once into it (one fetch per file at a time across threads, loader workers and
+        ranks sharing the cache: a reader that finds a fetch in flight waits for it)."""
+        if name not in self.expected:
+            raise DataDamaged(self.damaged(name, "atscale.json lists no such file"))
+        want = self.expected[name]
+        local = self.local_dir / name
+        if not self.remote:
+            data = local.read_bytes()
+            found = hashlib.sha256(data).hexdigest()
+            if found != want:
+                raise DataDamaged(self.damaged(name, f"SHA-256 {found[:12]}, not the prepared {want[:12]}"))
+            return data
+        data = _bytes_if(local, want)
+        if data is not None:
+            return data
+        with self._fetch_lock(name):
+            data = _bytes_if(local, want)  # fetched meanwhile by whoever held the lock
+            return data if data is not None else self._fetch(name, local)
+
+    def reset(self) -> None:
+        """Make a fresh filesystem object on the next fetch (after a failed read: a new client and connections)."""
+        self._fs = None
+
+    def keep(self, names: set[str]) -> None:
+        """The files the reader is about to read: the budget never deletes them (the fetch-ahead's window)."""
+        self._keep = frozenset(names)
+
+    @contextlib.contextmanager
+    def _fetch_lock(self, name: str) -> Iterator[None]:
+        """Hold file ``name``'s fetch lock (``flock`` on ``.<name>.lock`` in the copy; deleted with the file)."""
+        lock = self.local_dir / f".{name}.lock"
+        try:
+            self.local_dir.mkdir(parents=True, exist_ok=True)
+            handle = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise self._unwritable(err) from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(handle)  # releases the lock
+
+    def _fetch(self, name: str, local: Path) -> bytes:
         """Copy ``name`` from the bucket to ``local``, hashed before it is written; published only when it matches.
 
         One GET of the whole file (``cat_file``: no size lookup first, which a streamed ``open`` makes and which
@@ -217,11 +259,11 @@ class VerifiedFiles:
         data = fs.cat_file(f"{root}/{name}")
         found = hashlib.sha256(data).hexdigest()
         if found != self.expected[name]:
-            raise DataDamaged(self._damaged(name, f"SHA-256 {found[:12]} ({len(data)} bytes), not the prepared "
-                                                  f"{self.expected[name][:12]}"))
+            raise DataDamaged(self.damaged(name, f"SHA-256 {found[:12]} ({len(data)} bytes), not the prepared "
+                                                 f"{self.expected[name][:12]}"))
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
-            handle, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{name}.")
+            handle, tmp = tempfile.mkstemp(dir=local.parent, prefix=f".{name}.{os.getpid()}.", suffix=_TEMP)
             os.fchmod(handle, 0o644)  # as a plain copy would be (mkstemp makes it 0600)
         except OSError as err:
             raise self._unwritable(err) from None
@@ -234,35 +276,45 @@ class VerifiedFiles:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        size = len(data)
         if name != "index.json":
-            self._trim(keep=local, fetched=size)
+            self._trim(fetched=len(data))
+        return data
 
-    def _trim(self, keep: Path, fetched: int) -> None:
-        """Delete the oldest fetched chunks while the copy is over its budget (a reader that loses one refetches).
+    def _trim(self, fetched: int) -> None:
+        """Delete the oldest fetched chunks while the copy is over its budget, never one about to be read (a reader
+        that loses one fetches it again).
 
-        The copy is measured (a listing of its files) on the first fetch and then once per tenth of the budget this
-        process has fetched, not on every fetch: a listing of a large cache costs more than a chunk. The copy may
-        so pass its budget by a tenth, and by what other readers fetched meanwhile.
+        The copy's size is counted as this process fetches and deletes, and measured again (a listing of its files)
+        once per tenth of the budget fetched: a listing of a large cache costs more than a chunk. Other readers'
+        fetches meanwhile are what the copy may pass its budget by, with the window about to be read.
         """
-        if self._fetched_since_trim is not None:
-            self._fetched_since_trim += fetched
-            if self._fetched_since_trim < self.max_cache_bytes // 10:
+        with self._trim_lock:
+            if self._copy_bytes is None or self._fetched_since_listing >= self.max_cache_bytes // 10:
+                self._copy_bytes, self._fetched_since_listing = None, 0
+            else:
+                self._copy_bytes += fetched
+                self._fetched_since_listing += fetched
+                if self._copy_bytes <= self.max_cache_bytes:
+                    return
+            try:
+                chunks = sorted(((p.stat().st_mtime, p) for p in self.local_dir.glob("*.bin")),
+                                key=lambda pair: pair[0])
+                sizes = {p: p.stat().st_size for _, p in chunks}
+            except FileNotFoundError:  # another reader trimmed meanwhile: measured again next time
                 return
-        self._fetched_since_trim = 0
-        try:
-            chunks = sorted((p for p in self.local_dir.glob("*.bin")), key=lambda p: p.stat().st_mtime)
-            total = sum(p.stat().st_size for p in chunks)
-            for chunk in chunks:
-                if total <= self.max_cache_bytes or chunk == keep:
+            total = sum(sizes.values())
+            for _, chunk in chunks:
+                if total <= self.max_cache_bytes:
                     break
-                total -= chunk.stat().st_size
+                if chunk.name in self._keep:
+                    continue
+                total -= sizes[chunk]
                 chunk.unlink(missing_ok=True)
-                self._checked.discard(chunk.name)
-        except FileNotFoundError:  # another reader trimmed it first
-            pass
+                (self.local_dir / f".{chunk.name}.lock").unlink(missing_ok=True)
+            self._copy_bytes = total
 
-    def _damaged(self, name: str, why: str) -> str:
+    def damaged(self, name: str, why: str) -> str:
+        """The run's one line for damaged file ``name``."""
         return (f"atscale: the streamed data at {self.shown_url} is damaged: {name}: {why}; the run stopped "
                 f"(exit {DAMAGED_EXIT_CODE}, no requeue): prepare the data again (python -m recipes.prepare ...), "
                 "then relaunch.")
@@ -283,21 +335,35 @@ class VerifiedFiles:
             "then relaunch the same command: it resumes from the newest checkpoint.")
 
 
+def _bytes_if(path: Path, sha256: str) -> bytes | None:
+    """The bytes of ``path`` if it exists and has SHA-256 ``sha256``, else ``None``."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == sha256 else None
+
+
+def _remove_dead_temps(folder: Path) -> None:
+    """Delete the temporary files of fetches whose process is gone (killed mid-write: never renamed into place)."""
+    for temp in folder.glob(f".*{_TEMP}") if folder.exists() else ():
+        parts = temp.name[:-len(_TEMP)].rsplit(".", 2)  # [".<name>", "<pid>", "<random>"]
+        pid = parts[1] if len(parts) == 3 else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            temp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-def _sha256_of(path: Path, missing_ok: bool = False) -> str | None:
-    """The file's SHA-256; ``None`` for a missing file when ``missing_ok``."""
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as handle:
-            while block := handle.read(_BLOCK):
-                digest.update(block)
-    except FileNotFoundError:
-        if missing_ok:
-            return None
-        raise
-    return digest.hexdigest()

@@ -70,7 +70,7 @@ _MAX_PARAM_LENGTH = 6000
 #:
 #: The data's identity (``url``, ``root``, splits, seeds, ``batch_size``, ``shuffle_window``) is not among them.
 DATA_SETTINGS = tuple(f"data.init_args.{name}" for name in (
-    "num_workers", "cache_dir", "max_cache_size", "read_timeout_s", "download"))
+    "num_workers", "cache_dir", "max_cache_size", "read_timeout_s", "download", "fetch_ahead"))
 #: Config keys that may change when a run is resumed: they take effect (and are recorded as
 #: ``config_changed.*`` tags, with one warning naming them). Any other change would be ignored by the restored
 #: training state.

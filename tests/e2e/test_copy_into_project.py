@@ -650,7 +650,8 @@ def run_in_project(project: Path, script: str, timeout: float = 300) -> subproce
 def test_every_callback_and_datamodule_has_a_script() -> None:
     assert sorted(CALLBACKS) == sorted(set(SCRIPTS) - set(DATAMODULES) - set(TASKS))
     assert sorted(p.stem for p in (REPO / "datamodules").glob("*.py")) == sorted(
-        ["__init__", "loaders", "compat", "worker_signals", "verified_chunks", "stream_stops", "urls", *DATAMODULES])
+        ["__init__", "loaders", "compat", "worker_signals", "verified_chunks", "stream_stops", "urls", "streamed_items",
+         "fetch_ahead", *DATAMODULES])
 
 
 def test_copy_lists_are_read_as_written() -> None:

@@ -92,10 +92,10 @@ class UnreadableOnOneRank(Callback):
             return
         self.marker.write_text(str(trainer.global_step))
 
-        def denied(index: int) -> Any:
+        def denied(chunk: int) -> Any:
             raise PermissionError("AccessDenied: the credentials were revoked")
 
-        trainer.datamodule.train_set._item = denied
+        trainer.datamodule.train_set._chunk = denied  # every chunk, kept, fetched ahead or read now
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +191,8 @@ def test_sigkill_mid_epoch_resumes_bitwise(dataset: str, moto_s3: S3Server, refe
     second = run_fit(tmp_path, *streamed(tmp_path, dataset, *ONE, *kill), "--run_name", "s", env=env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "(step 12" in second.stderr, second.stderr[-3000:]
+    # a fetch the SIGKILL cut short leaves a partial file; the relaunch removed it (its process is gone)
+    assert not list((tmp_path / "data" / "cache").rglob("*.part"))
     assert_bitwise_equal(final_weights(reference, "ref", "digits-stream"),
                          final_weights(tmp_path, "s", "digits-stream"))
     assert_each_sample_once_per_epoch(tmp_path, split)
@@ -258,6 +260,7 @@ def test_bucket_gone_mid_run_ends_in_one_line_and_resumes(dataset: str, moto_s3:
                              "resumes from the newest checkpoint."), lines
     assert "Traceback" not in first.stderr
     assert moto_s3.env["AWS_SECRET_ACCESS_KEY"] not in first.stderr
+    assert not list((tmp_path / "data" / "cache").rglob("*.part")), "a fetch left a partial file behind"
     # stopped to be relaunched, as after a spot notice: KILLED, not FAILED
     assert [r.info.status for r in runs_of(tmp_path, "digits-stream") if r.info.run_name == "gone"] == ["KILLED"]
     moto_s3.make_bucket(bucket)
@@ -361,3 +364,44 @@ def test_streamed_gpt_reaches_the_in_memory_val_bpb(moto_s3: S3Server, tmp_path:
     capsys.readouterr()
     assert reproduce.main([streamed_gpt.info.run_id, "--dry_run"]) == 0
     assert "The code, software, data and machine match the run's manifest." in capsys.readouterr().out
+
+
+class CacheOnDisk(Callback):
+    """The chunk files' bytes in the cache at every step's end, and the fetch-ahead threads alive then."""
+
+    def __init__(self, cache: Path) -> None:
+        self.cache, self.sizes, self.threads = cache, [], []
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        import threading
+
+        self.sizes.append(sum(p.stat().st_size for p in self.cache.rglob("*.bin")))
+        self.threads.append(sum(t.name.startswith("atscale-fetch-ahead") for t in threading.enumerate()))
+
+
+def test_fetch_ahead_holds_the_cache_budget_and_leaves_nothing_behind(dataset: str, moto_s3: S3Server,
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three epochs from the bucket with a cache of 5 of the 8 training chunks (a window of 4): the chunks on disk
+    never pass the budget plus one window, the fetch-ahead's threads run during the fit, and after it no thread
+    and no partial file is left; the items trained are the split's, each once an epoch."""
+    import threading
+
+    from recipes.classifier import ImageClassifier
+
+    for key, value in moto_s3.env.items():
+        monkeypatch.setenv(key, value)
+    cache = tmp_path / "cache"
+    dm = StreamingImageDataModule(dataset, batch_size=32, cache_dir=str(cache), max_cache_size="48KB")
+    watch = CacheOnDisk(cache)
+    before = {t for t in threading.enumerate() if t.name.startswith("atscale-fetch-ahead")}
+    trainer = Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=[watch],
+                      limit_val_batches=0)
+    trainer.fit(ImageClassifier(num_classes=10, in_channels=1), datamodule=dm)
+    window = max(dm.train_set.chunk_bytes()) * dm.shuffle_window
+    assert 0 < max(watch.sizes) <= 48_000 + window, (max(watch.sizes), window)
+    assert max(watch.threads) > 0  # it ran
+    assert not [t for t in threading.enumerate() if t.name.startswith("atscale-fetch-ahead") and t not in before]
+    assert not list(cache.rglob("*.part"))
+    assert dm.train_set.ahead is None

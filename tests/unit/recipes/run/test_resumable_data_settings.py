@@ -15,7 +15,7 @@ LOGGED = {"experiment": "digits", "data.class_path": "datamodules.streaming.Stre
           "data.init_args.url": "s3://bkt/ds", "data.init_args.batch_size": "32", "data.init_args.shuffle_seed": "0",
           "data.init_args.num_workers": "0", "data.init_args.cache_dir": "data/cache/stream",
           "data.init_args.max_cache_size": "25GB", "data.init_args.read_timeout_s": "120.0",
-          "data.init_args.download": "True"}
+          "data.init_args.download": "True", "data.init_args.fetch_ahead": "1"}
 
 
 class OneRun:
@@ -34,12 +34,12 @@ def relaunch(**data: object) -> Namespace:
 
 def test_the_settings_a_relaunch_may_change_are_the_ones_that_hold_no_training_state() -> None:
     assert DATA_SETTINGS == ("data.init_args.num_workers", "data.init_args.cache_dir", "data.init_args.max_cache_size",
-                             "data.init_args.read_timeout_s", "data.init_args.download")
+                             "data.init_args.read_timeout_s", "data.init_args.download", "data.init_args.fetch_ahead")
 
 
 def test_a_relaunch_with_another_cache_timeout_budget_and_workers_resumes() -> None:
     changed = relaunch(num_workers=2, cache_dir="/mnt/other", max_cache_size="1GB", read_timeout_s=600.0,
-                       download=False)
+                       download=False, fetch_ahead=0)
     assert refused_changes(LOGGED, flatten(changed)) == []
     assert refuse_ignored_changes(OneRun(), "r1", changed, "w", "runs/digits/w/checkpoints/step=00000006.ckpt") == "r1"
 
