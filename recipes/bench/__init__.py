@@ -10,6 +10,10 @@ One module per subcommand, and what they share:
 - :mod:`recipes.bench.contention`: the digits step quiet and beside a busy process, per CPU thread setting.
 - :mod:`recipes.bench.compression`: gradient compression on 2 processes (bytes, step, accuracy).
 - :mod:`recipes.bench.gpu`: the GPU check (a reduced mode on CPU).
+- :mod:`recipes.bench.stream`: a recipe streamed from a local S3 server a shaped network away, against in memory
+  (with :mod:`recipes.bench.stream_anchor`, one loader epoch in its own process: ours or litdata's).
+- :mod:`recipes.bench.chunks`: how fast a split arrives through the fetch-ahead, by chunk size.
+- :mod:`recipes.bench.verify`: what checking each streamed chunk's SHA-256 costs its fetch.
 - :mod:`recipes.bench.chaos`: the reliability soak's options and entry point (its engine is :mod:`recipes.soak`).
 
 Shared: :mod:`recipes.bench.stats` (paired bootstrap intervals and verdicts; no torch),

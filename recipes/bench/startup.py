@@ -21,22 +21,32 @@ the floor for each kind of launch, with a paired bootstrap interval over the rou
 ``--imports`` adds where the import time goes (``python -X importtime``, first import of each library)::
 
     python -m recipes.bench startup --rounds 5 --imports
+
+``--stream`` makes each round also launch the streamed recipe (``configs/digits-stream.yaml``) from moto's S3
+server behind the loopback proxy shaped as a same-region bucket (:class:`recipes.soak.bucket.Bucket`, 30 ms a
+request, 100 MB/s a connection; chunks of 64 digits), stopped at a step drawn at random mid-epoch (the same step
+for both sources in a round), and its relaunch with an empty chunk cache (a relaunch on another machine): the
+``relaunch-stream`` column against ``relaunch`` is what a resume pays to reach its first batch from the bucket::
+
+    python -m recipes.bench startup --rounds 5 --stream
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
 import os
+import random
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,30 +183,73 @@ def _floor() -> float:
     return time.time() - spawned
 
 
+@contextlib.contextmanager
+def _streamed_digits(root: Path, sources: Sequence[str]) -> Iterator[str]:
+    """The digits prepared in chunks of 64 in a local S3 server shaped as a same-region bucket (its URL); the
+    launches reach it through :meth:`Bucket.env`, set in this process's environment meanwhile. Nothing without
+    ``stream`` among ``sources``."""
+    if "stream" not in sources:
+        yield ""
+        return
+    from recipes.soak.bucket import Bucket
+
+    bucket = Bucket(root / "moto.log")
+    bucket.start()
+    saved = {key: os.environ.get(key) for key in bucket.env()}
+    try:
+        os.environ.update(bucket.env())
+        url = bucket.url("digits")
+        subprocess.run([sys.executable, "-m", "recipes.prepare", "digits", "--output", url, "--chunk_items", "64",
+                        "--staging", str(root / "staging")], cwd=root, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       capture_output=True, check=True)
+        bucket.shape(0.030, 100e6)
+        yield url
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        bucket.stop()
+
+
 def bench_startup(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """``args.rounds`` rounds of a fresh launch and its relaunch, each in a new run of its own store, and the floor."""
     callback = json.dumps({"class_path": f"{__name__}.StartupStamps"})
-    launches: dict[str, list[dict[str, Any]]] = {"fresh": [], "relaunch": []}
+    sources = ("memory", "stream") if getattr(args, "stream", False) else ("memory",)
+    launches: dict[str, list[dict[str, Any]]] = {f"{kind}{suffix}": [] for suffix in
+                                                 ("" if s == "memory" else "-stream" for s in sources)
+                                                 for kind in ("fresh", "relaunch")}
     floors: list[float] = []
-    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root:
+    draw = random.Random(0)
+    with tempfile.TemporaryDirectory() as tmp, own_store(Path(args.out or tmp)) as root, \
+            _streamed_digits(root, sources) as url:
         for index in range(args.rounds):
-            workdir = root / f"round{index}"
-            workdir.mkdir()
-            base = ["--config", str(REPO / "configs" / "digits.yaml"), "--trainer.max_steps", "2",
-                    "--trainer.enable_progress_bar", "false", "--run_name", f"startup-{index}",
-                    "--spot.drill_steps", "[1]", f"--trainer.callbacks+={callback}"]
+            # the default: the first step; --stream: a step mid-epoch (an epoch is 45 steps of 32 digits)
+            stop = draw.randrange(5, 40) if len(sources) > 1 else 1
             if index % 2 == 0:  # the floor before the launches in even rounds, after them in odd ones
                 floors.append(_floor())
-            for kind in ("fresh", "relaunch"):
-                launch = _launch(workdir, base, root / "stamps.json")
-                expected = 75 if kind == "fresh" else 0
-                if launch["exit_code"] != expected:
-                    raise RuntimeError(f"round {index + 1}: the {kind} launch exited {launch['exit_code']}, "
-                                       f"not {expected}")
-                launches[kind].append(launch)
-                console.print(f"round {index + 1}/{args.rounds} ({kind}): first step after "
-                              f"{launch['to_first_step']:.1f} s, exited after {launch['total']:.1f} s",
-                              highlight=False)
+            for source in sources:
+                workdir = root / f"round{index}-{source}"
+                workdir.mkdir()
+                base = ["--config", str(REPO / "configs" / "digits.yaml"), "--trainer.max_steps", str(stop + 1),
+                        "--trainer.enable_progress_bar", "false", "--run_name", f"startup-{index}",
+                        "--spot.drill_steps", f"[{stop}]", f"--trainer.callbacks+={callback}"]
+                if source == "stream":
+                    base[1] = str(REPO / "configs" / "digits-stream.yaml")
+                    base += ["--data.url", url]
+                for kind in ("fresh", "relaunch"):
+                    cache = ["--data.cache_dir", str(workdir / f"cache-{kind}")] if source == "stream" else []
+                    launch = _launch(workdir, [*base, *cache], root / "stamps.json")
+                    expected = 75 if kind == "fresh" else 0
+                    if launch["exit_code"] != expected:
+                        raise RuntimeError(f"round {index + 1}: the {source} {kind} launch exited "
+                                           f"{launch['exit_code']}, not {expected}")
+                    key = kind if source == "memory" else f"{kind}-stream"
+                    launches[key].append(launch)
+                    console.print(f"round {index + 1}/{args.rounds} ({key}, stopped at step {stop}): first step "
+                                  f"after {launch['to_first_step']:.1f} s, exited after {launch['total']:.1f} s",
+                                  highlight=False)
             if index % 2 == 1:
                 floors.append(_floor())
             console.print(f"round {index + 1}/{args.rounds} (floor): {floors[-1]:.1f} s", highlight=False)
@@ -204,7 +257,7 @@ def bench_startup(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     from recipes.bench.stats import bootstrap_ci, time_ratio_ci, verdict_at_most
 
     figures: dict[str, Any] = {"launches": launches, "median": {}, "ci95": {}, "load_average": list(os.getloadavg()),
-                               "settings": {"rounds": args.rounds}}
+                               "settings": {"rounds": args.rounds, "stream": len(sources) > 1}}
     for kind, runs in launches.items():
         figures["median"][kind] = {}
         figures["ci95"][kind] = {}
@@ -236,11 +289,11 @@ def print_startup(figures: dict[str, Any], console: Console) -> None:
     rounds = figures["settings"]["rounds"]
     table = Table(title=f"A launch of the digits recipe, phase by phase (seconds; medians of {rounds} rounds, "
                         "95% CI)")
-    for column in ("phase", "fresh launch", "relaunch"):
+    for column in ("phase", *(k.replace("fresh", "fresh launch") for k in figures["median"])):
         table.add_column(column, justify="left" if column == "phase" else "right")
     for key, name in _PHASE_NAMES.items():
         cells = []
-        for kind in ("fresh", "relaunch"):
+        for kind in figures["median"]:
             low, high = figures["ci95"][kind][key]
             cells.append(f"{figures['median'][kind][key]:.2f} ({low:.2f} .. {high:.2f})")
         table.add_row(name, *cells)
@@ -266,6 +319,9 @@ def print_startup(figures: dict[str, Any], console: Console) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds of a fresh launch and its relaunch")
     parser.add_argument("--imports", action="store_true", help="also: the import time of each library")
+    parser.add_argument("--stream", action="store_true",
+                        help="also: the streamed recipe from a shaped local S3 server, stopped mid-epoch, and its "
+                             "relaunch with an empty cache (time to the first batch from the bucket)")
     parser.add_argument("--out", default=None, help="keep run files here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 

@@ -11,6 +11,7 @@ import torch
 from rich.console import Console
 
 from recipes.bench import chaos
+from recipes.bench import chunks as bench_chunks
 from recipes.bench import compression as bench_compression
 from recipes.bench import lm as bench_lm
 from recipes.bench import startup as bench_startup
@@ -113,8 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
         "startup", help="a launch's time to its first step and to exit, phase by phase (fresh and relaunch)",
         description=bench_startup.__doc__.splitlines()[0] if bench_startup.__doc__ else None))
     bench_stream.add_arguments(sub.add_parser(
-        "stream", help="the digits recipe streamed from a local S3 server vs in memory: samples/s, data wait, cache",
+        "stream", help="a recipe streamed from a local S3 server a shaped network away vs in memory: throughput, "
+                  "data wait, cache; litdata's loader beside ours (--anchor); a set 10x the cache (--large-mb)",
         description=bench_stream.__doc__.splitlines()[0] if bench_stream.__doc__ else None))
+    bench_chunks.add_arguments(sub.add_parser(
+        "chunks", help="how fast a split arrives through the fetch-ahead by chunk size, a shaped store away",
+        description=bench_chunks.__doc__.splitlines()[0] if bench_chunks.__doc__ else None))
     bench_verify.add_arguments(sub.add_parser(
         "verify", help="what checking each streamed chunk's SHA-256 costs its fetch (plain vs verified, medians)",
         description=bench_verify.__doc__.splitlines()[0] if bench_verify.__doc__ else None))
@@ -157,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_stream.run(args)
         if args.command == "verify":
             return bench_verify.run(args)
+        if args.command == "chunks":
+            return bench_chunks.run(args)
         if args.command == "gpu":
             from recipes.bench import gpu as bench_gpu
 

@@ -3,6 +3,11 @@
 The launches reach the bucket only through the proxy, so that a ``bucket_outage`` fault fails their requests
 (connections reset, or ``503``) while moto keeps its objects; the soak reads the bucket straight from moto to
 check what the launches left there (the pointer, the records, the objects' sizes and SHA-256).
+
+The proxy can also play a distant object store (``python -m recipes.bench stream``): each response waits
+``latency_s`` after its request arrived (S3's first-byte latency; moto on loopback answers in well under a
+millisecond), and each connection's responses flow at ``bytes_per_s`` at most (S3's per-request bandwidth: a
+client that wants more opens more connections).
 """
 
 from __future__ import annotations
@@ -29,7 +34,25 @@ class Bucket:
     a small TCP proxy in this process (``endpoint``), and an *outage* makes the proxy fail every request,
     new and in flight: ``reset`` cuts connections (the network is gone: botocore's EndpointConnectionError),
     ``503`` answers ``503 ServiceUnavailable`` (the service errs). The soak itself reads the bucket straight
-    from moto (``direct``), so it can check the pointer while the launches see an outage.
+    from moto (``direct``), so it can check the pointer while the launches see an outage. Up, when one side
+    closes (moto closes each connection once its response is sent) the other is closed in order, after what was
+    sent to it: only an outage resets a connection.
+
+    Shaping (:meth:`shape`; both off by default, and then the proxy only copies bytes): a *request* is the client
+    bytes that arrive on a connection after the previous response began (or the first on it); the first bytes
+    of its response are held until ``latency_s`` after it arrived. Every connection's upstream-to-client bytes
+    then go out as over a link of ``bytes_per_s``: a block of ``n`` bytes leaves ``n / bytes_per_s`` after the
+    link was last free (never before its bytes arrived), so a response of ``N`` bytes takes at least
+    ``latency_s + N / bytes_per_s`` from its request, and an idle link saves no credit for a burst. Each
+    connection has its own thread and its own link: one slow stream never delays another.
+
+    Args:
+        log: where moto's request lines go.
+        latency_s: seconds each response waits after its request arrived (0: none).
+        bytes_per_s: each connection's bandwidth toward the client in bytes per second (``None``: unlimited).
+
+    Raises:
+        ValueError: for a negative latency or a bandwidth that is not positive (named).
     """
 
     NAME = "atscale-chaos"
@@ -37,8 +60,11 @@ class Bucket:
     _ERROR = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>ServiceUnavailable</Code>"
               b"<Message>chaos soak: bucket outage</Message></Error>")
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, latency_s: float = 0.0, bytes_per_s: float | None = None) -> None:
         self.log = log
+        self.latency_s = 0.0
+        self.bytes_per_s: float | None = None
+        self.shape(latency_s, bytes_per_s)
         self.server: ThreadedMotoServer | None = None
         self.direct = ""
         self.endpoint = ""
@@ -102,6 +128,18 @@ class Bucket:
                                          client_kwargs={"endpoint_url": self.direct, "region_name": "us-east-1"})
         return self._fs
 
+    def shape(self, latency_s: float = 0.0, bytes_per_s: float | None = None) -> None:
+        """Play a store ``latency_s`` away at ``bytes_per_s`` per connection (``0.0, None``: the proxy only copies).
+
+        A connection keeps the shaping it was opened with (a client's pooled one too): change it between runs.
+        """
+        if not latency_s >= 0:
+            raise ValueError(f"Bucket(latency_s={latency_s!r}) must be >= 0 seconds.")
+        if bytes_per_s is not None and not bytes_per_s > 0:
+            raise ValueError(f"Bucket(bytes_per_s={bytes_per_s!r}) must be > 0 (None: unlimited).")
+        self.latency_s = float(latency_s)
+        self.bytes_per_s = None if bytes_per_s is None else float(bytes_per_s)
+
     def down(self, mode: str) -> None:
         assert mode in self.MODES, mode
         self.mode = mode
@@ -155,19 +193,38 @@ class Bucket:
         except OSError:
             self._reset(conn)
             return
+        link = _Link(self.latency_s, self.bytes_per_s) if self.latency_s or self.bytes_per_s else None
+        ended = False  # one side closed: the other gets what was sent, then a FIN (a reset would drop the rest)
         try:
             while self.mode == "up":  # an outage cuts connections in flight too (an upload half-sent)
                 ready, _, _ = select.select([conn, upstream], [], [], 0.1)
                 for sock in ready:
                     data = sock.recv(1 << 16)
                     if not data:
+                        ended = True
                         return
+                    if link is not None:
+                        if sock is conn:
+                            link.request()
+                        elif not self._wait(link.release(len(data))):
+                            return
                     (upstream if sock is conn else conn).sendall(data)
         except OSError:
             pass
         finally:
-            self._reset(conn)
-            self._reset(upstream)
+            for sock in (conn, upstream):
+                if ended and self.mode == "up":
+                    sock.close()
+                else:
+                    self._reset(sock)
+
+    def _wait(self, until: float) -> bool:
+        """Sleep until ``until`` (``time.monotonic``), in short naps so an outage cuts in; False on an outage."""
+        while (left := until - time.monotonic()) > 0:
+            if self.mode != "up":
+                return False
+            time.sleep(min(left, 0.05))
+        return self.mode == "up"
 
     # ------------------------------------------------------------ what the bucket holds
     def verified(self, url: str, name: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -218,3 +275,36 @@ class Bucket:
             if self.verified(url, record["name"])[1] is None:
                 return record["name"], int(record["global_step"])
         return None
+
+
+class _Link:
+    """One proxied connection's latency and bandwidth toward the client (:class:`Bucket`'s shaping).
+
+    ``request()`` notes client bytes; the first after a response began opens a new request, whose first response
+    bytes :meth:`release` holds until ``latency_s`` after it. ``release(n)`` books ``n`` bytes on the link and
+    returns when they may leave: when the link has carried them at ``bytes_per_s`` (from when it was last free,
+    or from now if it sat idle), their last byte's time.
+    """
+
+    def __init__(self, latency_s: float, bytes_per_s: float | None) -> None:
+        self.latency_s = latency_s
+        self.bytes_per_s = bytes_per_s
+        self.asked: float | None = None  # when the request now awaiting its response arrived
+        self.responding = True  # a response began since the last request (so the next client bytes are a new one)
+        self.free_at = 0.0  # when the link has sent everything booked on it
+
+    def request(self) -> None:
+        if self.responding:
+            self.asked = time.monotonic()
+            self.responding = False
+
+    def release(self, size: int) -> float:
+        start = time.monotonic()
+        if self.asked is not None:
+            start = max(start, self.asked + self.latency_s)
+            self.asked = None
+        self.responding = True
+        if self.bytes_per_s is None:
+            return start
+        self.free_at = max(self.free_at, start) + size / self.bytes_per_s
+        return self.free_at

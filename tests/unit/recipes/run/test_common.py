@@ -79,7 +79,7 @@ BAD_ARGUMENTS = [
      "error: argument --trials: invalid int value: 'x'"),
     ("bench.subcommands", ["nonsense"], "error: argument command: invalid choice: 'nonsense' (choose from "
                                     "'overhead', 'checkpoint', 'chaos', 'contention', 'compression', 'gpu', 'lm', "
-                                    "'startup', 'stream', 'verify', 'fit')"),
+                                    "'startup', 'stream', 'chunks', 'verify', 'fit')"),
 ]
 
 
