@@ -26,6 +26,7 @@ import itertools
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -33,6 +34,9 @@ from typing import Any
 __all__ = ["FetchAhead"]
 
 _STOP = -1
+#: How long :meth:`FetchAhead.close` waits for the loads in flight to end (the threads are daemons: a load stuck on a
+#: dead store is left to end with the process).
+CLOSE_TIMEOUT_S = 5.0
 
 
 class FetchAhead:
@@ -151,8 +155,9 @@ class FetchAhead:
             self._loads.clear()
         for _ in self._workers:
             self._queue.put(_STOP)
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S  # one wait for all: a dead store holds each thread alike
         for worker in self._workers:
-            worker.join(timeout=5.0)
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
         self._workers = [w for w in self._workers if w.is_alive()]
 
     @property

@@ -73,16 +73,17 @@ class StreamedItems(Dataset):
             their ``shuffle_window``, the chunks one stretch of the order reads from.
         expected: SHA-256 of each of the split's files by name (``atscale.json``'s ``files``, this split's part).
         shown_url: ``url`` as messages print it (credentials redacted).
+        fs: the filesystem object this process reads ``url`` with (default: one of its own, made on first use).
     """
 
     def __init__(self, url: str, cache_dir: str, max_cache_size: str | int = "25GB",
                  read_timeout_s: float = 120.0, decoded_chunks: int = 4, expected: dict[str, str] | None = None,
-                 shown_url: str | None = None) -> None:
+                 shown_url: str | None = None, fs: Any = None) -> None:
         if decoded_chunks < 1:
             raise ValueError(f"StreamedItems(decoded_chunks={decoded_chunks!r}) must be >= 1.")
         self.url = url
         self.shown_url = shown_url or redact(url)
-        self.files = VerifiedFiles(url, expected, cache_dir, cache_bytes(max_cache_size), self.shown_url)
+        self.files = VerifiedFiles(url, expected, cache_dir, cache_bytes(max_cache_size), self.shown_url, fs)
         self.cache_dir = cache_dir
         self.max_cache_size = max_cache_size
         self.read_timeout_s = read_timeout_s

@@ -41,6 +41,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -62,7 +63,7 @@ from .stream_stops import (
 )
 from .streamed_items import StreamedItems
 from .urls import check_data_url, redact
-from .verified_chunks import StreamFault, fresh_fs
+from .verified_chunks import StreamFault, fresh_fs, fsspec_path
 
 __all__ = [
     "STREAM_FORMAT",
@@ -90,9 +91,10 @@ def join(url: str, *parts: str) -> str:
     return "/".join([url.rstrip("/"), *parts])
 
 
-def read_text(url: str) -> str | None:
-    """The text of the file at ``url`` (a path or a bucket URL), ``None`` when there is none."""
-    fs, path = fresh_fs(url)
+def read_text(url: str, fs: Any = None) -> str | None:
+    """The text of the file at ``url`` (a path or a bucket URL), ``None`` when there is none; ``fs``: the filesystem
+    object to read it with (default: one made for this call)."""
+    fs, path = fresh_fs(url) if fs is None else (fs, fsspec_path(url))
     try:
         with fs.open(path, "rb") as handle:
             return handle.read().decode()
@@ -100,25 +102,42 @@ def read_text(url: str) -> str | None:
         return None
 
 
-def index_digest(url: str) -> str:
+def index_digest(url: str, fs: Any = None) -> str:
     """SHA-256 of the dataset's chunk index: ``atscale.json`` (every chunk's SHA-256) and each split's index.json.
 
     What the data *is*, not when it was written: litdata stamps each index.json with its write time
     (``updated_at``), which is left out, and so are the index files' own hashes in ``atscale.json`` (they hash
-    that stamp). The same source prepared twice has one digest; any changed chunk or layout changes it.
+    that stamp). The same source prepared twice has one digest; any changed chunk or layout changes it. ``fs``: the
+    filesystem object to read with (default: one made for each file).
 
     Raises:
         FileNotFoundError: when ``url`` holds no complete prepared dataset.
     """
-    digest = hashlib.sha256()
-    for name in ("atscale.json", *(f"{split}/index.json" for split in SPLITS)):
-        text = read_text(join(url, name))
+    texts = {}
+    for name in DIGESTED:
+        text = read_text(join(url, name), fs)
         if text is None:
-            raise FileNotFoundError(redact(f"{join(url, name)}: no such file; prepare the data first "
-                                           f"(python -m recipes.prepare ... --output {url})"))
-        content = _without_write_times(json.loads(text))
+            raise _unprepared(url, name)
+        texts[name] = text
+    return digest_of(texts)
+
+
+#: The files the index digest is made of.
+DIGESTED = ("atscale.json", *(f"{split}/index.json" for split in SPLITS))
+
+
+def digest_of(texts: dict[str, str | bytes]) -> str:
+    """:func:`index_digest` of the files' texts already read (each of :data:`DIGESTED`)."""
+    digest = hashlib.sha256()
+    for name in DIGESTED:
+        content = _without_write_times(json.loads(texts[name]))
         digest.update(name.encode() + b"\0" + json.dumps(content, sort_keys=True).encode() + b"\0")
     return digest.hexdigest()
+
+
+def _unprepared(url: str, name: str) -> FileNotFoundError:
+    return FileNotFoundError(redact(f"{join(url, name)}: no such file; prepare the data first "
+                                    f"(python -m recipes.prepare ... --output {url})"))
 
 
 def _without_write_times(value: Any) -> Any:
@@ -217,7 +236,10 @@ class _StreamingDataModule(pl.LightningDataModule):
         self.index_digest = index_digest
         self.fetch_ahead = fetch_ahead
         self.shown_url = redact(self.url)
+        self._fs: Any = None  # this process's filesystem object for the URL (a client's set-up: ~0.1-0.2 s)
+        self._fs_pid = 0
         self._meta: dict[str, Any] | None = None
+        self._meta_text = ""
         self._digest: str | None = None
         self._splits: dict[str, StreamedItems] = {}
 
@@ -226,11 +248,12 @@ class _StreamingDataModule(pl.LightningDataModule):
         """``atscale.json``: the dataset's kind, shapes and source (read once)."""
         if self._meta is None:
             name = type(self).__name__
-            text = read_text(join(self.url, "atscale.json"))
+            text = read_text(join(self.url, "atscale.json"), self.filesystem())
             if text is None:
                 raise FileNotFoundError(f"{name}(url={self.url!r}): no prepared dataset there (no atscale.json); "
                                         f"run python -m recipes.prepare ... --output {self.url}")
             meta = json.loads(text)
+            self._meta_text = text
             if not meta.get("complete"):
                 raise FileNotFoundError(f"{name}(url={self.url!r}): the dataset there is not completely prepared; "
                                         "run the same python -m recipes.prepare command again to finish it.")
@@ -239,6 +262,14 @@ class _StreamingDataModule(pl.LightningDataModule):
             self._meta = meta
         return self._meta
 
+    def filesystem(self) -> Any:
+        """The filesystem object this process reads the URL with, made once per datamodule and process (from this
+        process's environment: :func:`fresh_fs`), shared by its splits' readers (each forked loader worker makes its
+        own)."""
+        if self._fs is None or self._fs_pid != os.getpid():
+            self._fs, self._fs_pid = fresh_fs(self.url)[0], os.getpid()
+        return self._fs
+
     def fingerprint(self) -> str:
         """The digest of the chunk index (:func:`index_digest`): the run's record of which data it saw.
 
@@ -246,14 +277,20 @@ class _StreamingDataModule(pl.LightningDataModule):
         """
         if self._digest is None:
             self.meta  # noqa: B018 - a missing or unfinished dataset is named first
-            digest = index_digest(self.url)
+            texts: dict[str, str | bytes] = {"atscale.json": self._meta_text}
+            with self._stops():
+                for split in SPLITS:  # each index checked for safe formats and verified, read once
+                    files = self._split(split).files
+                    try:
+                        files.index()
+                    except FileNotFoundError:
+                        raise _unprepared(self.url, f"{split}/index.json") from None
+                    texts[f"{split}/index.json"] = files.index_bytes
+            digest = digest_of(texts)
             if self.index_digest is not None and digest != self.index_digest:
                 raise RuntimeError(f"{type(self).__name__}(url={self.url!r}): the data there has index digest "
-                                 f"{digest[:12]}, not the {self.index_digest[:12]} asked for (index_digest): "
-                                 "it was prepared again from other data since.")
-            with self._stops():
-                for split in SPLITS:
-                    self._split(split).files.index()
+                                   f"{digest[:12]}, not the {self.index_digest[:12]} asked for (index_digest): "
+                                   "it was prepared again from other data since.")
             self._digest = digest
         return self._digest
 
@@ -291,9 +328,10 @@ class _StreamingDataModule(pl.LightningDataModule):
             prefix = f"{split}/"
             expected = {name[len(prefix):]: sha for name, sha in (self.meta.get("files") or {}).items()
                         if name.startswith(prefix)}
+            url = join(self.url, split)
             self._splits[split] = self.items_cls(
-                join(self.url, split), self.cache_dir, self.max_cache_size, self.read_timeout_s,
-                decoded_chunks=self.shuffle_window, expected=expected, shown_url=join(self.shown_url, split))
+                url, self.cache_dir, self.max_cache_size, self.read_timeout_s, decoded_chunks=self.shuffle_window,
+                expected=expected, shown_url=join(self.shown_url, split), fs=self.filesystem())
         return self._splits[split]
 
     def setup(self, stage: str | None = None) -> None:

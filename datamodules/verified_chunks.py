@@ -47,6 +47,7 @@ __all__ = [
     "cache_bytes",
     "check_index",
     "fresh_fs",
+    "fsspec_path",
 ]
 
 #: Exit code of a run whose streamed data is damaged (``EX_DATAERR``): a relaunch meets the same bytes.
@@ -82,6 +83,14 @@ class CacheUnwritable(StreamFault):
 
 class UnsafeData(RuntimeError):
     """An index that asks for a decoder that can run code (bad input: exit 2 before any item is read)."""
+
+
+def fsspec_path(url: str) -> str:
+    """``url`` as fsspec's filesystems name it (a bucket's key without the scheme; a folder's absolute path)."""
+    import fsspec.core
+
+    protocol, path = fsspec.core.split_protocol(url)
+    return path if protocol not in (None, "file", "local") else str(Path(path).absolute())
 
 
 def fresh_fs(url: str) -> tuple[Any, str]:
@@ -135,10 +144,12 @@ class VerifiedFiles:
         cache_dir: where a bucket's verified files are copied (a folder's are read in place).
         max_cache_bytes: the copy's budget; the oldest chunks are deleted past it.
         shown_url: the URL as messages may print it (credentials redacted).
+        fs: the filesystem object this process reads ``url`` with (a loader worker makes its own); default: one
+            made on first use (:func:`fresh_fs`).
     """
 
     def __init__(self, url: str, expected: dict[str, str] | None, cache_dir: str, max_cache_bytes: int,
-                 shown_url: str | None = None) -> None:
+                 shown_url: str | None = None, fs: Any = None) -> None:
         self.url = url.rstrip("/")
         self._expected = None if expected is None else dict(expected)
         self.remote = "://" in url and not url.startswith("file://")
@@ -147,9 +158,11 @@ class VerifiedFiles:
         self.local_dir = (Path(cache_dir) / digest / Path(self.url).name) if self.remote else \
             Path(self.url.removeprefix("file://")).absolute()
         self.max_cache_bytes = max_cache_bytes
-        self._fs: Any = None
-        self._fs_pid = 0
+        self._fs: Any = None if fs is None else (fs, fsspec_path(url))
+        self._fs_pid = 0 if fs is None else os.getpid()
         self._index: dict[str, Any] | None = None
+        #: ``index.json``'s bytes as read and verified (empty until :meth:`index` read it).
+        self.index_bytes = b""
         self._keep: frozenset[str] = frozenset()
         self._trim_lock = threading.Lock()
         self._copy_bytes: int | None = None  # the copy's size as this process counts it; None: list it
@@ -177,21 +190,31 @@ class VerifiedFiles:
 
     def index(self) -> dict[str, Any]:
         """The split's ``index.json``, checked for safe formats first (a hostile index is named as such even when
-        ``atscale.json`` was rewritten to match it), then verified (before any chunk is read)."""
+        ``atscale.json`` was rewritten to match it), then verified (before any chunk is read). Read once: its
+        bytes are kept (:attr:`index_bytes`) for the dataset's digest.
+
+        Raises:
+            FileNotFoundError: when the split has no index.
+        """
         if self._index is None:
+            name = "index.json"
             if self.remote:
                 fs, root = self._fs_and_root()
-                with fs.open(f"{root}/index.json", "rb") as handle:
-                    text = handle.read()
+                data = fs.cat_file(f"{root}/{name}")
             else:
-                text = (self.local_dir / "index.json").read_bytes()
+                data = (self.local_dir / name).read_bytes()
             try:
-                index = json.loads(text)
+                index = json.loads(data)
             except ValueError:
-                raise DataDamaged(self.damaged("index.json", "it is not the JSON prepared")) from None
-            check_index(index, f"{self.shown_url}/index.json")
-            self.path("index.json")
-            self._index = index
+                raise DataDamaged(self.damaged(name, "it is not the JSON prepared")) from None
+            check_index(index, f"{self.shown_url}/{name}")
+            if name not in self.expected:
+                raise DataDamaged(self.damaged(name, "atscale.json lists no such file"))
+            found, want = hashlib.sha256(data).hexdigest(), self.expected[name]
+            if found != want:
+                size = f" ({len(data)} bytes)" if self.remote else ""
+                raise DataDamaged(self.damaged(name, f"SHA-256 {found[:12]}{size}, not the prepared {want[:12]}"))
+            self._index, self.index_bytes = index, data
         return self._index
 
     def _fs_and_root(self) -> tuple[Any, str]:

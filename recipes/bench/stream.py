@@ -4,6 +4,9 @@ Each round trains the recipe as a user launches it, ``python -m recipes.fit`` in
 ``--workers`` count in turn, each source once (interleaved rounds: a drift of the machine lands on every source):
 
 - ``memory``: the in-memory config (``--recipe digits``: ``configs/digits.yaml``; ``gpt``: ``configs/gpt.yaml``);
+- ``folder``: the streamed config over the same chunks in a local folder: the loader's own cost (verify, decode,
+  fetch-ahead) without a store on this machine's cores (moto's and the S3 client's CPU per request share the cores
+  the step computes on here, as a real store's do not);
 - ``stream``: the streamed config (``configs/digits-stream.yaml``, ``configs/gpt-stream.yaml``) from moto's S3
   server (a thread of this process) through a loopback proxy that plays a store a network away
   (:class:`recipes.soak.bucket.Bucket`): each response waits ``--latency-ms`` after its request and each
@@ -94,7 +97,7 @@ BLOCK_SIZE = 128
 #: The folders of this repository whose ``*.py`` files are the GPT corpus.
 CORPUS_FOLDERS = ("recipes", "callbacks", "datamodules")
 #: The cache budget when ``--max-cache-size`` is not given (``--large-mb``'s: a tenth of its training split).
-DEFAULT_CACHE = "200KB"
+DEFAULT_CACHE = "25GB"  # the streamed configs' own: every chunk fetched once, cold at the start
 #: How often the large epoch samples the cache and the memory (seconds).
 SAMPLE_S = 0.2
 #: The fewest ``--steps``: StepTiming leaves out each run's first 3 (its ``warmup_steps``), and times the rest.
@@ -175,9 +178,11 @@ def shaping(latency_ms: float, bandwidth_mb_s: float) -> tuple[float, float | No
 
 
 def sources(latency_ms: float, bandwidth_mb_s: float) -> tuple[str, ...]:
-    """The sources a round trains: ``stream-raw`` only when the proxy is shaped (else ``stream`` is raw)."""
+    """The sources a round trains: ``folder`` (the same chunks streamed from a local folder: the loader's own cost,
+    no store on this machine's cores), ``stream`` and ``stream-raw`` (only when the proxy is shaped, else
+    ``stream`` is raw)."""
     shaped = latency_ms > 0 or bandwidth_mb_s > 0
-    return ("memory", "stream", "stream-raw") if shaped else ("memory", "stream")
+    return ("memory", "folder", "stream", "stream-raw") if shaped else ("memory", "folder", "stream")
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -244,16 +249,18 @@ def _same_corpus(root: Path, corpus: Path, max_bytes: int, prepared: dict[str, A
 
 
 def _prepare(args: argparse.Namespace, root: Path, env: dict[str, str], url: str, console: Console) -> list[str]:
-    """Prepare the recipe's data at ``url`` (straight to moto); the in-memory runs' extra options."""
-    console.print(f"preparing {url} ({args.recipe}, chunks of {args.chunk_items})")
+    """Prepare the recipe's data at ``url`` (straight to moto) and at ``root/folder`` (the same chunks: one staging
+    folder); the in-memory runs' extra options."""
     staging = ("--chunk_items", str(args.chunk_items), "--staging", str(root / "staging"))
-    if args.recipe == "digits":
-        _launch(root, env, "recipes.prepare", "digits", "--output", url, *staging)
-        return []
-    corpus = snapshot_corpus(root / "corpus")
-    _launch(root, env, "recipes.prepare", "text", "--output", url, "--root", str(corpus), "--max_bytes",
-            str(args.corpus_bytes), "--block_size", str(BLOCK_SIZE), *staging)
-    return ["--data.root", str(corpus), "--data.max_bytes", str(args.corpus_bytes)]
+    corpus = snapshot_corpus(root / "corpus") if args.recipe == "gpt" else None
+    for output in (url, str(root / "folder")):
+        console.print(f"preparing {output} ({args.recipe}, chunks of {args.chunk_items})")
+        if corpus is None:
+            _launch(root, env, "recipes.prepare", "digits", "--output", output, *staging)
+        else:
+            _launch(root, env, "recipes.prepare", "text", "--output", output, "--root", str(corpus), "--max_bytes",
+                    str(args.corpus_bytes), "--block_size", str(BLOCK_SIZE), *staging)
+    return [] if corpus is None else ["--data.root", str(corpus), "--data.max_bytes", str(args.corpus_bytes)]
 
 
 def _fit_run(args: argparse.Namespace, root: Path, env: dict[str, str], tracking: str, url: str, source: str,
@@ -264,7 +271,8 @@ def _fit_run(args: argparse.Namespace, root: Path, env: dict[str, str], tracking
     if source == "memory":
         extra = ["--config", str(REPO / recipe["memory"]), *memory_extra]
     else:
-        extra = ["--config", str(REPO / recipe["stream"]), "--data.url", url, "--data.cache_dir", str(cache),
+        extra = ["--config", str(REPO / recipe["stream"]), "--data.url",
+                 str(root / "folder") if source == "folder" else url, "--data.cache_dir", str(cache),
                  "--data.max_cache_size", budget]
     length = (["--trainer.max_epochs", str(args.epochs)] if args.recipe == "digits"
               else ["--trainer.max_steps", str(args.steps)])

@@ -25,9 +25,9 @@ def test_defaults_play_a_same_region_store() -> None:
         "digits", 30.0, 100.0, False, None)
     assert stream.shaping(args.latency_ms, args.bandwidth_mb_s) == (0.03, 100e6)  # MB = 10^6 bytes
     assert stream.shaping(0, 0) == (0.0, None)  # 0 is none / unlimited: moto's raw numbers
-    assert stream.sources(30, 100) == ("memory", "stream", "stream-raw")
-    assert stream.sources(0, 5) == ("memory", "stream", "stream-raw")
-    assert stream.sources(0, 0) == ("memory", "stream")  # unshaped: stream is the raw one
+    assert stream.sources(30, 100) == ("memory", "folder", "stream", "stream-raw")
+    assert stream.sources(0, 5) == ("memory", "folder", "stream", "stream-raw")
+    assert stream.sources(0, 0) == ("memory", "folder", "stream")  # unshaped: stream is the raw one
 
 
 @pytest.mark.parametrize(("argv", "message"), [
