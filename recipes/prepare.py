@@ -45,6 +45,8 @@ from datamodules.urls import check_data_url, excepthook, redact
 from recipes.run.common import USAGE_EXIT_CODE, ArgumentParser, UsageError, parse_or_exit, run_main
 
 SOURCES = ("digits", "mnist", "images", "text")
+#: Bytes per chunk unless ``--chunk_items`` says otherwise: see "Chunk size" in docs/guides/streaming.md.
+DEFAULT_CHUNK_BYTES = "16MB"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="The source's folder (mnist: holds MNIST/raw; images: <class>/<image> folders; "
                              "text: the corpus, default the running Python's standard library).")
     parser.add_argument("--pattern", default="*.py", help="text: file-name pattern of the corpus files.")
-    parser.add_argument("--chunk_items", type=int, default=1024, help="Items per chunk.")
+    parser.add_argument("--chunk_bytes", default=None,
+                        help=f"Bytes per chunk (litdata's chunk_bytes: '512KB', '64MB', or bytes; default "
+                             f"{DEFAULT_CHUNK_BYTES}, chosen in docs/guides/streaming.md).")
+    parser.add_argument("--chunk_items", type=int, default=None,
+                        help="Items per chunk, instead of --chunk_bytes (a chunk of N items whatever their size).")
     parser.add_argument("--val_fraction", type=float, default=0.2,
                         help="images/mnist/digits: share held out for validation (text: 0.1 of the files).")
     parser.add_argument("--split_seed", type=int, default=0, help="Seed of the train/validation split.")
@@ -77,12 +83,33 @@ def _check_positive(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise UsageError(f"--{flag} {value}: must be an integer >= 1")
+    if args.chunk_items is not None and args.chunk_bytes is not None:
+        raise UsageError(f"--chunk_items {args.chunk_items} and --chunk_bytes {args.chunk_bytes}: give one of them")
+    if args.chunk_bytes is not None and _bytes(args.chunk_bytes) < 1:
+        raise UsageError(f"--chunk_bytes {args.chunk_bytes}: expected a size such as '16MB' or '512KB', or bytes >= 1")
     if not 0.0 < args.val_fraction < 1.0:
         raise UsageError(f"--val_fraction {args.val_fraction}: must lie in (0, 1)")
     if args.root is not None and not Path(args.root).is_dir():
         raise UsageError(f"--root {args.root}: no such folder")
     if args.source in ("mnist", "images") and args.root is None:
         raise UsageError(f"{args.source} needs --root (the folder of the data)")
+
+
+def _bytes(size: str) -> int:
+    """``size`` in bytes (``"16MB"``, ``"512KB"``, ``"1000"``); 0 when it is not a size."""
+    from datamodules.verified_chunks import cache_bytes
+
+    try:
+        return cache_bytes(int(size) if str(size).strip().isdigit() else size)
+    except ValueError:
+        return 0
+
+
+def chunking(args: argparse.Namespace) -> dict[str, int]:
+    """How the chunks are cut: ``{"chunk_items": n}`` or ``{"chunk_bytes": bytes}`` (the default's)."""
+    if args.chunk_items is not None:
+        return {"chunk_items": args.chunk_items}
+    return {"chunk_bytes": _bytes(args.chunk_bytes or DEFAULT_CHUNK_BYTES)}
 
 
 def _image_arrays(args: argparse.Namespace) -> tuple[dict[str, Any], list[tuple[Any, Any]], str]:
@@ -154,7 +181,7 @@ def describe(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, tuple[
     """``(meta, {split: (item function, count)})`` of the source; ``meta["source_digest"]`` names the dataset."""
     import numpy as np
 
-    settings = {"source": args.source, "chunk_items": args.chunk_items, "split_seed": args.split_seed}
+    settings = {"source": args.source, "split_seed": args.split_seed, **chunking(args)}
     if args.source != "text":
         meta, splits, content = _image_arrays(args)
         if args.max_items is not None:
@@ -289,7 +316,7 @@ def _counted(fn: Callable[[int], Any]) -> Callable[[int], Any]:
     return item
 
 
-def make_chunks(staging: Path, fns: dict[str, tuple[Callable[[int], Any], int]], chunk_items: int) -> None:
+def make_chunks(staging: Path, fns: dict[str, tuple[Callable[[int], Any], int]], chunks: dict[str, int]) -> None:
     """Each split's chunks under ``staging/<split>`` with ``litdata.optimize``; a split already made is kept.
 
     litdata's notes and its bar go to ``staging/<split>.log``; the terminal shows one bar per split, fed by the
@@ -313,7 +340,8 @@ def make_chunks(staging: Path, fns: dict[str, tuple[Callable[[int], Any], int]],
         _items_done = multiprocessing.Value("q", 0, lock=False)  # before the fork: the worker inherits it
         finished = threading.Event()
         log_path = staging / f".{split}.log"
-        with Progress(TextColumn(f"{split}: chunks of {chunk_items}"), BarColumn(), MofNCompleteColumn(),
+        size = f"{chunks['chunk_items']} items" if "chunk_items" in chunks else f"{chunks['chunk_bytes']:,} bytes"
+        with Progress(TextColumn(f"{split}: chunks of {size}"), BarColumn(), MofNCompleteColumn(),
                       TimeRemainingColumn(), console=_stderr_console(), transient=False) as bar:
             task = bar.add_task(split, total=count)
 
@@ -327,7 +355,8 @@ def make_chunks(staging: Path, fns: dict[str, tuple[Callable[[int], Any], int]],
             try:
                 with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                     optimize(fn=_counted(fn), inputs=list(range(count)), output_dir=str(scratch),
-                             chunk_size=chunk_items, num_workers=1, mode="overwrite", start_method="fork")
+                             chunk_size=chunks.get("chunk_items"), chunk_bytes=chunks.get("chunk_bytes"),
+                             num_workers=1, mode="overwrite", start_method="fork")
             except Exception as err:
                 raise RuntimeError(f"{split}: litdata could not write the chunks ({err}); its log: {log_path}") \
                     from err
@@ -425,7 +454,7 @@ def prepare(args: argparse.Namespace) -> int:
             return 0
     staging = Path(args.staging) / meta["source_digest"][:16]
     staging.mkdir(parents=True, exist_ok=True)
-    make_chunks(staging, fns, args.chunk_items)
+    make_chunks(staging, fns, chunking(args))
     meta["files"] = chunk_digests(staging)
     meta["counts"] = {split: count for split, (_, count) in fns.items()}
     with _store_calls(url):

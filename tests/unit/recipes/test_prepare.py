@@ -53,6 +53,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.Mo
          "--output or empty it first\n"),
         (["digits", "--chunk_items", "0", "--output", str(tmp_path / "x")],
          "error: --chunk_items 0: must be an integer >= 1\n"),
+        (["digits", "--chunk_items", "8", "--chunk_bytes", "1MB", "--output", str(tmp_path / "x")],
+         "error: --chunk_items 8 and --chunk_bytes 1MB: give one of them\n"),
+        (["digits", "--chunk_bytes", "lots", "--output", str(tmp_path / "x")],
+         "error: --chunk_bytes lots: expected a size such as '16MB' or '512KB', or bytes >= 1\n"),
+        (["digits", "--chunk_bytes", "0", "--output", str(tmp_path / "x")],
+         "error: --chunk_bytes 0: expected a size such as '16MB' or '512KB', or bytes >= 1\n"),
         (["mnist", "--output", str(tmp_path / "x")], "error: mnist needs --root (the folder of the data)\n"),
         (["mnist", "--root", str(tmp_path), "--output", str(tmp_path / "x")], None),
     ]
@@ -76,3 +82,13 @@ def test_the_same_data_prepared_twice_has_the_same_index_digest(tmp_path: Path,
         digests.append(index_digest(str(tmp_path / name)))
     assert digests[0] == digests[1]
     assert (tmp_path / "first/train/index.json").read_text() != (tmp_path / "second/train/index.json").read_text()
+
+
+def test_chunks_are_cut_by_bytes_by_default_and_by_items_when_asked() -> None:
+    args = prepare.build_parser().parse_args(["digits", "--output", "x"])
+    assert prepare.DEFAULT_CHUNK_BYTES == "16MB"  # docs/benchmarks.md "Chunk size" says why
+    assert prepare.chunking(args) == {"chunk_bytes": 16_000_000}
+    args.chunk_bytes = "512KB"
+    assert prepare.chunking(args) == {"chunk_bytes": 512_000}
+    args.chunk_bytes, args.chunk_items = None, 64
+    assert prepare.chunking(args) == {"chunk_items": 64}
