@@ -377,6 +377,7 @@ def _remove_dead_temps(folder: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (its own copy of recipes.run.tracking's: datamodules import no recipes)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
