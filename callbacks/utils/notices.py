@@ -228,6 +228,19 @@ class NoticePoller:
 
 #: Signals that may count as an interruption notice, by name.
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGUSR1": signal.SIGUSR1, "SIGINT": signal.SIGINT}
+#: SIGINTs this process took as notices (Ctrl-C presses that asked for a checkpoint): a press after training ended,
+#: while the run wraps up, is then a second one, and stops at once (``recipes.run.process``).
+_interrupt_notices = [0]
+
+
+def interrupt_notices() -> int:
+    """How many SIGINTs this process took as notices since :func:`forget_interrupt_notices`."""
+    return _interrupt_notices[0]
+
+
+def forget_interrupt_notices() -> None:
+    """Start counting anew (a next fit in the same process)."""
+    _interrupt_notices[0] = 0
 
 
 class SignalNotices:
@@ -250,6 +263,7 @@ class SignalNotices:
         if self.active:
             if signum == signal.SIGINT:
                 self.interrupts += 1
+                _interrupt_notices[0] += 1
                 if self.interrupts > 1:  # stop now, as the handler found at install time stops (Ctrl-C's default)
                     previous = self.original.get(signum)
                     if callable(previous) and previous is not self._on_signal:

@@ -29,6 +29,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from callbacks.cpu_threads import AdaptiveCpuThreads, FixedCpuThreads
 from callbacks.spot import REQUEUE_EXIT_CODE
 from callbacks.utils.launcher import reported_exit_code
+from callbacks.utils.notices import forget_interrupt_notices, interrupt_notices
 from recipes.run.common import SIGINT_EXIT_CODE, UsageError
 from recipes.run.compat import MLFLOW_TRACKING_CLIENT_LOGGER
 from recipes.run.errors import out_of_space
@@ -276,7 +277,9 @@ _muted: dict[str, int] = {}
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
-    if _wrapping_up.is_set() and not (signum == signal.SIGINT and _deferred):  # a second Ctrl-C insists
+    # a second Ctrl-C insists: the first may have come during the wrap-up, or as the notice that ended training
+    insists = signum == signal.SIGINT and bool(_deferred or interrupt_notices())
+    if _wrapping_up.is_set() and not insists:
         if not _deferred:
             print(f"{signal.Signals(signum).name} while the run was wrapping up: its training is over; finishing "
                   "its record, then exiting.", file=sys.stderr, flush=True)
@@ -314,6 +317,7 @@ def reset_stop_signals() -> None:
     _stopping.clear()
     _wrapping_up.clear()
     _deferred.clear()
+    forget_interrupt_notices()
     for name, level in _muted.items():  # the next fit's store errors are shown again
         logging.getLogger(name).setLevel(level)
     _muted.clear()

@@ -98,6 +98,28 @@ def test_a_stop_raised_inside_the_tracking_stores_query_leaves_no_traceback_of_i
         engine.dispose()
 
 
+def test_after_a_ctrl_c_notice_a_ctrl_c_during_the_wrap_up_insists(stop_signals, capsys) -> None:
+    """The CI's flake: Ctrl-C (a notice: checkpoint, stop), Ctrl-C again 0.15 s later, landing once training had
+    ended: it was taken as the wrap-up's first signal and waited (exit 75), not as the second press (exit 130)."""
+    from callbacks.utils.notices import SignalNotices
+
+    notices: list = []
+    handler = SignalNotices(["SIGINT"], notices.append)
+    handler.install()
+    signal.raise_signal(signal.SIGINT)  # the first press, during training: a notice
+    handler.restore()
+    assert len(notices) == 1
+    WrapUpSignals().on_fit_end(None, None)  # type: ignore[arg-type]
+    with pytest.raises(Interrupted) as raised:
+        signal.raise_signal(signal.SIGINT)  # the second press: stops at once
+    assert raised.value.signum == signal.SIGINT
+    assert "while the run was wrapping up" not in capsys.readouterr().err
+    reset_stop_signals()  # a next fit counts its own presses
+    WrapUpSignals().on_fit_end(None, None)  # type: ignore[arg-type]
+    signal.raise_signal(signal.SIGINT)  # a first press during this fit's wrap-up waits
+    assert "SIGINT while the run was wrapping up" in capsys.readouterr().err
+
+
 def test_during_the_wrap_up_a_signal_waits_and_a_second_ctrl_c_insists(stop_signals, capsys) -> None:
     WrapUpSignals().on_fit_end(None, None)  # type: ignore[arg-type]
     signal.raise_signal(signal.SIGTERM)  # deferred: no exception
