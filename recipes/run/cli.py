@@ -106,6 +106,7 @@ from recipes.run.process import (
     quiet_known_noise,
     rank_exit_code,
     release_interrupted_frames,
+    reraise_swallowed_stop,
     reset_stop_signals,
     resume_line,
     stopping,
@@ -393,6 +394,7 @@ class AtscaleCLI(LightningCLI):
                 # checkpoints may come from a shared bucket: never unpickle code from them
                 self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ctx.ckpt_path,
                                  weights_only=True)
+            reraise_swallowed_stop()  # a stop raised into a callback's library (a plot) and lost there
             if run_id is not None:  # the store's last writes come after Lightning's FINISHED: all in, or it failed
                 tracking.confirm_metrics(logger, self.trainer.log_every_n_steps, self.trainer.global_step,
                                          continued=bool(ctx.mlflow_run_id))
@@ -438,9 +440,12 @@ class AtscaleCLI(LightningCLI):
             for callback in self.trainer.callbacks:
                 if isinstance(callback, AfterFit):
                     callback.after_fit(self.trainer)
-        except BaseException:
+                    reraise_swallowed_stop()  # a second Ctrl-C lost in a writer's library: stop before the next
+        except BaseException as err:
             if logger is not None and self.trainer.is_global_zero and logger.run_id:
-                logger.experiment.set_terminated(logger.run_id, "FAILED")
+                release_interrupted_frames(err)  # a stop's frames may hold the store's read lock
+                logger.experiment.set_terminated(logger.run_id,
+                                                 "KILLED" if isinstance(err, STOP_EXCEPTIONS) else "FAILED")
             raise
 
     def _prepare_data(self) -> None:

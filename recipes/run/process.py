@@ -227,6 +227,8 @@ _stopping = threading.Event()
 _wrapping_up = threading.Event()
 #: The signals that came during the wrap-up, in order.
 _deferred: list[int] = []
+#: The signals raised as :class:`Interrupted` since :func:`reset_stop_signals`, in order.
+_raised: list[int] = []
 
 
 class WrapUpSignals(Callback):
@@ -297,7 +299,21 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     # its own cleanup's failure with a traceback; the run is going down with its one line, so that noise is muted
     _muted.setdefault("sqlalchemy", logging.getLogger("sqlalchemy").level)
     logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL + 1)
+    _raised.append(signum)
     raise Interrupted(signum)
+
+
+def reraise_swallowed_stop() -> None:
+    """Raise again a stop signal's :class:`Interrupted` that the code it landed in swallowed.
+
+    The exception is raised wherever the main thread is; some libraries turn it into an error of their own and
+    handle that: matplotlib's cleanup of a figure being saved raised ``ValueError`` ("Invalid bounding box"),
+    which the plot's writer logs as a failed plot, and a second Ctrl-C's stop was lost (the run ended as the
+    first press's stop, exit 75, not 130). Called where the run's own code resumes (after ``trainer.fit``,
+    between the wrap-up's writers): a stop raised is a stop, whatever caught it.
+    """
+    if _raised and threading.current_thread() is threading.main_thread():
+        raise Interrupted(_raised[-1])
 
 
 def ignore_stop_signals() -> None:
@@ -317,6 +333,7 @@ def reset_stop_signals() -> None:
     _stopping.clear()
     _wrapping_up.clear()
     _deferred.clear()
+    _raised.clear()
     forget_interrupt_notices()
     for name, level in _muted.items():  # the next fit's store errors are shown again
         logging.getLogger(name).setLevel(level)

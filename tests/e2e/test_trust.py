@@ -423,6 +423,20 @@ def test_two_ctrl_c_presses_exit_130_with_the_message_once(tmp_path: Path, after
     assert run.info.status == "KILLED"
 
 
+def test_a_second_ctrl_c_swallowed_by_a_wrap_up_writers_library_still_exits_130(tmp_path: Path) -> None:
+    """The fresh-clone CI's failure on d64cac4, made deterministic: the second press raised into matplotlib while
+    the goodput plot was written; matplotlib's cleanup replaced the stop with a ValueError, the writer logged a
+    failed plot, and the run ended as the first press's stop (exit 75)."""
+    fault = json.dumps({"class_path": "tests.faults.SecondPressSwallowed", "init_args": {"step": 2}})
+    result = run_fit(tmp_path, "--config", DIGITS, *FAST, "--run_name", "swallowed", "--trainer.max_steps", "1000",
+                     "--log_model", "false", f"--trainer.callbacks+={fault}", timeout=300)
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert result.stderr.count("interrupted (SIGINT): the run stopped; relaunch the same command to resume it.") == 1
+    assert "Traceback" not in result.stderr
+    (run,) = runs_of(tmp_path, "digits")
+    assert run.info.status == "KILLED"
+
+
 # ------------------------------------------------ a stop signal while a finished run wraps up
 
 

@@ -120,6 +120,23 @@ def test_after_a_ctrl_c_notice_a_ctrl_c_during_the_wrap_up_insists(stop_signals,
     assert "SIGINT while the run was wrapping up" in capsys.readouterr().err
 
 
+def test_a_stop_swallowed_by_the_code_it_landed_in_is_raised_again(stop_signals) -> None:
+    """matplotlib's cleanup turned the stop into a ValueError its caller logged; the run's own code raises it again."""
+    process.reraise_swallowed_stop()  # nothing raised yet: nothing to raise
+    try:
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except Interrupted:
+            raise ValueError("Invalid bounding box") from None
+    except ValueError:
+        pass
+    with pytest.raises(Interrupted) as raised:
+        process.reraise_swallowed_stop()
+    assert raised.value.signum == signal.SIGTERM
+    reset_stop_signals()  # the next fit starts with none
+    process.reraise_swallowed_stop()
+
+
 def test_during_the_wrap_up_a_signal_waits_and_a_second_ctrl_c_insists(stop_signals, capsys) -> None:
     WrapUpSignals().on_fit_end(None, None)  # type: ignore[arg-type]
     signal.raise_signal(signal.SIGTERM)  # deferred: no exception
