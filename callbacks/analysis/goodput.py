@@ -232,8 +232,9 @@ def priced(ledger: Ledger, usd_per_instance_h: float) -> dict[str, float]:
     return {k: ledger.instance_s.get(k, ledger.seconds.get(k, 0.0)) / 3600.0 * usd_per_instance_h for k in names}
 
 
-def largest_badputs(usd: Mapping[str, float], n: int = 3) -> list[tuple[str, float]]:
-    """The ``n`` badput categories costing most, largest first (ties in :data:`CATEGORIES` order), non-zero only."""
+def largest_badputs(usd: Mapping[str, float], n: int | None = 3) -> list[tuple[str, float]]:
+    """The ``n`` (``None``: every) badput categories costing most, largest first (ties in :data:`CATEGORIES` order),
+    non-zero only."""
     order = {k: i for i, k in enumerate((*CATEGORIES, *EXTRA))}
     items = [(k, v) for k, v in usd.items() if k != "productive" and v > 0]
     return sorted(items, key=lambda kv: (-kv[1], order.get(kv[0], len(order))))[:n]

@@ -113,7 +113,8 @@ class CostRows:
         return rows
 
     def goodput_rows(self) -> list[tuple[str, str]]:
-        """The ledger's rows: the goodput share and the three largest badputs in dollars, on both markets."""
+        """The ledger's rows: the goodput share and every non-zero badput, largest first, in seconds and dollars on
+        both markets: with the productive time they sum to the billed time."""
         final = self._final
         if keys.GOODPUT_SHARE_KEY not in final:
             return []
@@ -127,8 +128,9 @@ class CostRows:
             ratio = None
         rows = [("goodput", f"{final[keys.GOODPUT_SHARE_KEY]:.1%} of {final[keys.BILLED_KEY]:.1f} s billed bought "
                             f"steps that count ({seconds['productive']:.1f} s, {usd_text(usd['productive'])})")]
-        # on a free instance (cpu-local) every badput is $0: the largest are then the longest
-        ranked = goodput.largest_badputs(usd if any(v > 0 for v in usd.values()) else seconds)
+        # every non-zero badput, so that the rows add up to the billed time (the top three left ~2 % unnamed);
+        # on a free instance (cpu-local) every badput is $0: they are then ranked by time
+        ranked = goodput.largest_badputs(usd if any(v > 0 for v in usd.values()) else seconds, n=None)
         for category, _ in ranked:
             dollars = usd[category]
             text = f"{usd_text(dollars)} {self.market.replace('_', '-')}"

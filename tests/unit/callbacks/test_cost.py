@@ -131,6 +131,24 @@ def test_a_free_instance_names_its_largest_badputs_by_time(tmp_path: Path, clock
     assert rows["  badput: start-up"] == "3.0 s, $0.0000 on-demand"  # cpu-local has no spot price
 
 
+def test_the_end_tables_badput_rows_add_up_to_the_billed_time() -> None:
+    """Every non-zero badput has its row: the top three alone summed to 106.8 of a run's 108.8 s billed."""
+    from callbacks.analysis import keys
+
+    tracker = CostTracker(instance="a3-highgpu-1g", market="spot", plot=False)
+    seconds = {"productive": 60.0, "startup": 20.0, "checkpoint": 12.0, "validation": 9.0, "data_wait": 4.0,
+               "tail": 2.0, "restart": 1.8, "redone": 0.0, "comm_exposed": 0.0}
+    billed = sum(seconds.values())  # 108.8 s
+    tracker._final = {keys.BILLED_KEY: billed, keys.GOODPUT_SHARE_KEY: 60.0 / billed,
+                      **{keys.goodput_seconds_key(k): v for k, v in seconds.items()},
+                      **{keys.goodput_usd_key(k): v / 3600 * SPOT for k, v in seconds.items()}}
+    rows = tracker.goodput_rows()
+    badputs = {name: float(text.split(" s, ")[0]) for name, text in rows if name.startswith("  badput: ")}
+    assert list(badputs) == ["  badput: start-up", "  badput: checkpoint stalls", "  badput: validation",
+                             "  badput: data wait", "  badput: tail", "  badput: gaps between launches"]
+    assert sum(badputs.values()) + 60.0 == pytest.approx(billed, rel=1e-3)
+
+
 def test_interrupted_and_resumed_run_accumulates_and_counts_lost_work(tmp_path: Path, clock: FakeTime) -> None:
     ckpt = tmp_path / "checkpoints" / "step=4.ckpt"
     # Attempt 1: the clock starts at construction (t = 0); checkpoint after step 4 (8 s billed, saved at
