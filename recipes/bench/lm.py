@@ -45,7 +45,7 @@ from rich.table import Table
 
 from recipes.bench.output import emit
 from recipes.bench.runs import PIECES, Stopwatch, from_spec, own_store, run_full_recipe
-from recipes.bench.stats import bracketed_rounds, ci_settled, time_ratio_ci, verdict_at_most
+from recipes.bench.stats import bracketed_rounds, ci_settled, median_ratio, time_ratio_ci, verdict_at_most
 from recipes.bench.threads import NATIVE, ThreadCpuWindow
 from recipes.run.common import UsageError
 
@@ -181,7 +181,10 @@ def bench_lm(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 if ci_settled(step_ci[1], step_ci[2], STEP_MARGIN):
                     break
     tokens = _tokens_per_step()
+    medians = {what: median_ratio([r[f"{what}_s"] for r in runs["recipe"]], [r[f"{what}_s"] for r in runs["lightning"]])
+               for what in ("step", "fit")}
     return {"runs": runs, "tokens_per_step": tokens,
+            "step_median_ratio": medians["step"], "fit_median_ratio": medians["fit"],
             "step_ratio": step_ci[0], "step_ci95": list(step_ci[1:]),
             "step_verdict": verdict_at_most(step_ci[1], step_ci[2], GOAL_STEP_RATIO),
             "fit_ratio": fit_ci[0], "fit_ci95": list(fit_ci[1:]),
@@ -209,9 +212,9 @@ def print_lm(figures: dict[str, Any], console: Console) -> None:
     console.print(table)
     for what, goal in (("step", GOAL_STEP_RATIO), ("fit", GOAL_FIT_RATIO)):
         low, high = figures[f"{what}_ci95"]
-        console.print(f"recipe / plain Lightning {'time per step' if what == 'step' else 'trainer.fit'} = "
-                      f"{figures[f'{what}_ratio']:.3f}, 95% CI {low:.3f} .. {high:.3f} (goal <= {goal}): "
-                      f"{figures[f'{what}_verdict']}", highlight=False)
+        console.print(f"recipe / plain Lightning {'time per step' if what == 'step' else 'trainer.fit'}: medians "
+                      f"{figures[f'{what}_median_ratio']:.3f}; mean {figures[f'{what}_ratio']:.3f}, 95% CI {low:.3f} "
+                      f".. {high:.3f} (goal <= {goal}): {figures[f'{what}_verdict']}", highlight=False)
     print_threads(figures, console)
     console.print(f"load average at the end {', '.join(f'{v:.2f}' for v in figures['load_average'])}",
                   highlight=False)

@@ -3,7 +3,8 @@
 A throughput window (:func:`window_throughput`), percentile bootstrap intervals over interleaved rounds
 (:func:`bootstrap_ci`, by ``scipy.stats.bootstrap`` over the round indices, so a round's paired measurements
 stay together; :func:`bootstrap_ratio_ci`, :func:`effective_stall_ci`), and the verdicts an interval gives
-against a goal (:func:`verdict`, :func:`verdict_with_floor`, :func:`verdict_at_most`, :func:`ci_settled`).
+against a goal (:func:`verdict`, :func:`verdict_with_floor`, :func:`verdict_at_most`, :func:`ci_settled`), and
+what a typical round pays beside the best (:func:`median_ratio`, :func:`spread`).
 Ablations run their variants in bracketed rounds (:func:`bracketed_rounds`): each piece turned off between
 two full runs, so a piece's cost is measured against the full runs beside it.
 It imports neither :mod:`recipes.bench` nor :mod:`recipes.bench.gpu`: both import it.
@@ -237,3 +238,28 @@ def time_ratio_ci(slower: Sequence[float], faster: Sequence[float]) -> tuple[flo
     speed, low, high = bootstrap_ratio_ci(faster, slower)  # a ratio of throughputs is the inverse of one of times
     return 1 / speed, 1 / high, 1 / low
 
+
+
+def median_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
+    """``median(numerator) / median(denominator)``: what the typical run pays, which the best rounds hide.
+
+    Raises:
+        ValueError: if either side is empty or the denominator's median is not positive.
+    """
+    if not numerator or not denominator:
+        raise ValueError(f"median_ratio: needs rounds on both sides (got {len(numerator)} and {len(denominator)}).")
+    below = float(np.median(denominator))
+    if not below > 0:
+        raise ValueError(f"median_ratio: the denominator's median {below!r} must be > 0.")
+    return float(np.median(numerator)) / below
+
+
+def spread(values: Sequence[float]) -> float:
+    """``max / min`` of a variant's rounds: 1.0 when every round took the same time.
+
+    Raises:
+        ValueError: if there are no rounds or one is not positive.
+    """
+    if not values or min(values) <= 0:
+        raise ValueError(f"spread: needs positive rounds, got {list(values)!r}.")
+    return max(values) / min(values)

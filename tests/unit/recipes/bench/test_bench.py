@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import statistics
 
 import pytest
 
@@ -178,3 +180,26 @@ def test_contention_figures_and_table_by_hand(monkeypatch: pytest.MonkeyPatch) -
     for cell in ("quiet ms", "busy ms", "busy/quiet", "1 thread", "2.25x", "missed", "met",
                  "Goal: busy <= 2x quiet"):
         assert cell in text, cell
+
+
+@pytest.mark.parametrize(("recipe", "plain", "verdict"), [
+    ([6.6, 6.7, 6.8, 6.7], [6.2, 6.1, 6.3, 6.2], "met"),     # medians 6.7 / 6.2 = 1.081, spreads 1.030 <= 1.033
+    ([6.6, 9.2, 6.8, 6.7], [6.2, 6.1, 6.3, 6.2], "missed"),  # median 1.089, but a round 1.39x the fastest
+    ([7.0, 7.0, 6.9, 7.0], [6.2, 6.1, 6.3, 6.2], "missed"),  # median 7.0 / 6.2 = 1.129 > 1.10
+])
+def test_bench_fit_judges_the_medians_and_the_spread(monkeypatch: pytest.MonkeyPatch, recipe: list[float],
+                                                     plain: list[float], verdict: str) -> None:
+    from rich.console import Console
+
+    from recipes.bench import fit
+
+    plain_rounds, recipe_rounds = iter(plain), iter(recipe)
+    monkeypatch.setattr(fit, "plain_digits_fit", lambda epochs, root: next(plain_rounds))
+    monkeypatch.setattr(fit, "recipe_digits_fit", lambda epochs, root, index, keep_files: {
+        "fit_s": (s := next(recipe_rounds)), "flow_s": s + 1.0})
+    args = build_parser().parse_args(["fit", "--rounds", "4"])
+    with open(os.devnull, "w") as devnull:
+        figures = fit.bench_fit(args, Console(file=devnull))
+    assert figures["median_ratio"] == pytest.approx(statistics.median(recipe) / statistics.median(plain))
+    assert figures["spread"] == pytest.approx({"plain": max(plain) / min(plain), "recipe": max(recipe) / min(recipe)})
+    assert figures["verdict"] == verdict and figures["rounds_run"] == 4 and figures["goal"] == 1.10

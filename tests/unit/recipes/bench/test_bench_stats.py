@@ -187,3 +187,19 @@ def test_time_ratio_is_the_ratio_of_mean_times_and_its_interval_holds_it() -> No
 
 def test_equal_times_give_a_zero_width_interval_at_one() -> None:
     assert stats.time_ratio_ci([2.0, 2.0], [2.0, 2.0]) == pytest.approx((1.0, 1.0, 1.0))
+
+
+def test_median_ratio_and_spread_by_hand() -> None:
+    from recipes.bench.stats import median_ratio, spread
+
+    # medians 9.0 and 6.19 (the rounds): 1.454...x, where the best rounds gave 6.6 / 5.91 = 1.117x
+    recipe, plain = [7.7, 9.2, 9.0, 6.6, 9.2], [6.16, 6.19, 7.81, 6.94, 5.91]
+    assert median_ratio(recipe, plain) == pytest.approx(9.0 / 6.19, rel=1e-12)
+    assert spread(recipe) == pytest.approx(9.2 / 6.6, rel=1e-12)
+    assert spread([2.0, 2.0]) == 1.0
+    with pytest.raises(ValueError, match="needs rounds on both sides"):
+        median_ratio([], [1.0])
+    with pytest.raises(ValueError, match=r"denominator's median 0\.0"):
+        median_ratio([1.0], [0.0])
+    with pytest.raises(ValueError, match=r"spread: needs positive rounds, got \[1\.0, 0\.0\]"):
+        spread([1.0, 0.0])
