@@ -1,7 +1,7 @@
 """Baselines beside every result: the majority class and a logistic regression on the same split.
 
-A model's accuracy means little alone: 0.97 is poor if a linear model gets 0.98. Before training,
-this callback fits scikit-learn's ``DummyClassifier`` and ``LogisticRegression`` on the
+A model's accuracy means little alone: 0.97 is poor if a linear model gets 0.98. Before training
+(after it, with ``defer``), this callback fits scikit-learn's ``DummyClassifier`` and ``LogisticRegression`` on the
 datamodule's flat arrays (``baseline_arrays()``: the same train/val split the model sees) and logs
 their validation accuracy, and, when the module has a ``cost_matrix`` (a classifier's misclassification
 costs, see :mod:`.analysis.decision_cost`), what their decisions cost. A datamodule without
@@ -97,8 +97,14 @@ class Baselines(Callback):
     fitting again (a continued MLflow run leaves out the points it holds). A strategy that restores checkpoints
     after setup (FSDP) fits them again.
 
+    With ``defer``, the fit waits until training is over (:meth:`after_fit`, called once ``trainer.fit`` has
+    returned): the digits recipe's logistic regression took 0.47 s of a 7 s ``trainer.fit``, on the cores the
+    steps compute on. A launch stopped by an interruption notice leaves them to the relaunch, which fits them
+    at its end.
+
     Args:
         metric: the model's metric the baselines compare with (for the summary's lift column).
+        defer: fit them after ``trainer.fit`` rather than at its start.
 
     Example::
 
@@ -106,10 +112,12 @@ class Baselines(Callback):
         trainer.fit(model, datamodule=DigitsDataModule())
     """
 
-    def __init__(self, metric: str = DEFAULT_METRIC) -> None:
+    def __init__(self, metric: str = DEFAULT_METRIC, defer: bool = False) -> None:
         self.metric = metric
+        self.defer = defer
         self.results: dict[str, float] = {}
         self._logged = False  # by this fit or an earlier one of this instance (a fit twice logs once)
+        self._deferred: tuple[Trainer, pl.LightningModule] | None = None
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
@@ -122,8 +130,28 @@ class Baselines(Callback):
         if datamodule is None or not hasattr(datamodule, "baseline_arrays"):
             log.info("Baselines: the datamodule has no baseline_arrays(); skipped.")
             return
+        if not self.defer:
+            self._fit(trainer, pl_module)
+
+    @override
+    def on_fit_end(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.defer or not trainer.is_global_zero or self._logged or self.results:
+            return
+        if any(getattr(cb, "interrupted", False) for cb in trainer.callbacks):
+            return  # a notice's stop exits at once: the relaunch fits them
+        if hasattr(trainer.datamodule, "baseline_arrays"):
+            self._deferred = (trainer, pl_module)
+
+    def after_fit(self, trainer: Trainer) -> None:
+        """After ``trainer.fit`` (``callbacks.utils.run_report.AfterFit``): the fit ``defer`` held back."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._fit(*deferred)
+
+    def _fit(self, trainer: Trainer, pl_module: pl.LightningModule) -> None:
         costs = getattr(pl_module, "cost_matrix", None)
         costs = None if costs is None else costs.detach().cpu().double().numpy()
+        datamodule: Any = trainer.datamodule
         self.results = fit_baselines(*datamodule.baseline_arrays(), cost_matrix=costs)
         self._log(trainer)
 

@@ -528,7 +528,7 @@ class CostTracker(CostRows, Callback):
         if trainer.is_global_zero:
             self._tag_segments(trainer)
         if self.plot and trainer.is_global_zero and self._final:
-            self.plot_path = self._write_plot(trainer)
+            self.plot_at_train_end(trainer)
 
     @override
     def on_exception(self, trainer: Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

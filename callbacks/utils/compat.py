@@ -23,14 +23,15 @@ Checked against lightning 2.6 and torch 2.14:
 - :func:`time_every_save`: Lightning has no hook after a checkpoint is written; every save goes through
   ``trainer.save_checkpoint``, which is wrapped on the trainer instance.
 
-Three overrides of a Lightning class's private method, each behind a public hook of its own (a method can only be
+Three overrides of a Lightning class's private methods, each behind a public hook of its own (a method can only be
 overridden in a class, so these are base classes; a subclass overrides the public hook):
 
 - :class:`ModelCheckpointAfterSave`: ``ModelCheckpoint._save_checkpoint``, the one method every save of the
   callback's goes through (top-k, last, every-n, on exception); Lightning tells loggers after a save, not callbacks.
 - :class:`LabelledRichProgressBar`: ``RichProgressBar._get_train_description``, where Lightning builds the training
   bar's label before it adds or resets the bar's task (both of which draw it at once: a label fixed afterwards
-  shows for a frame).
+  shows for a frame); and ``_init_progress``, after which its rich display's polling refresh thread (Lightning's
+  private ``_RefreshThread``) is replaced by one that sleeps until a draw is asked for.
 - :class:`KeyedThroughputMonitor`: ``ThroughputMonitor._compute``, where Lightning names and logs its metrics, and
   its ``_throughputs``, which it builds in ``setup`` with the peak FLOP/s of its own table.
 
@@ -39,6 +40,7 @@ Copy with it: nothing; this file works alone.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -164,8 +166,69 @@ class ModelCheckpointAfterSave(ModelCheckpoint):
         self.after_save(trainer, filepath)
 
 
+def _lightning_refresh_thread() -> type:
+    from lightning.pytorch.callbacks.progress import rich_progress
+
+    return rich_progress._RefreshThread
+
+
+class _WakingRefreshThread(_lightning_refresh_thread()):  # type: ignore[misc]
+    """Lightning's rich refresh thread, asleep until a draw is asked for, and gone the moment it is stopped.
+
+    Lightning's polls: it wakes ``refresh_rate`` times a second to look for a draw (taking the GIL from the step
+    each time), and its stop waits out the current sleep: 0.12 s of the digits recipe's ``trainer.fit`` went to
+    joining it at teardown. This one waits on an event that a soft refresh (``refresh_cond = True``, as
+    Lightning's ``CustomProgress.soft_refresh`` sets it) or the stop sets, and still draws at most
+    ``refresh_per_second`` times a second.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._wake = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    @property
+    def refresh_cond(self) -> bool:
+        return self._wake.is_set()
+
+    @refresh_cond.setter
+    def refresh_cond(self, due: bool) -> None:
+        if due:
+            self._wake.set()
+        else:
+            self._wake.clear()
+
+    def stop(self) -> None:
+        super().stop()
+        self._wake.set()
+
+    def run(self) -> None:
+        period = 1 / self.refresh_per_second
+        while True:
+            self._wake.wait()
+            if self.done.is_set():
+                return
+            self._wake.clear()
+            with self.live._lock:
+                self.live.refresh()
+            if self.done.wait(period):  # at most refresh_per_second draws; the stop ends the wait
+                return
+
+
 class LabelledRichProgressBar(RichProgressBar):
-    """``RichProgressBar`` whose training bar's label :meth:`train_label` may rewrite."""
+    """``RichProgressBar`` whose training bar's label :meth:`train_label` may rewrite, and whose refresh thread
+    sleeps until there is something to draw (:class:`_WakingRefreshThread`)."""
+
+    @override
+    def _init_progress(self, trainer: Trainer) -> None:
+        starting = self.is_enabled and (self.progress is None or self._progress_stopped)
+        super()._init_progress(trainer)
+        live = getattr(self.progress, "live", None)
+        polling = getattr(live, "_refresh_thread", None)
+        if not starting or live is None or polling is None or isinstance(polling, _WakingRefreshThread):
+            return
+        polling.stop()  # it ends at its next wake-up; nothing waits for it
+        live._refresh_thread = _WakingRefreshThread(live, live.refresh_per_second)
+        live._refresh_thread.start()
 
     def train_label(self, label: str) -> str:
         """The training bar's label, given Lightning's (``Epoch 3/19``, padded to the validation bar's width)."""

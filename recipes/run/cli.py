@@ -10,8 +10,7 @@ What it adds to Lightning's CLI:
   flattened params, metrics, artifacts, the model, system metrics; one run however many ranks;
 - resume: relaunching with the same run name continues from the newest good checkpoint, in the
   same MLflow run (``--ckpt_path`` picks one explicitly, ``--fresh`` starts over);
-- spot safety, baselines, atomic (and by default asynchronous) checkpoint writes, a rich progress
-  bar and an end-of-run summary table;
+- spot safety, baselines, atomic (by default asynchronous) checkpoint writes, a rich progress bar, an end table;
 - one-line errors with exit code 2 for bad input, and no MLflow run left RUNNING after a failure.
 """
 
@@ -112,6 +111,7 @@ from recipes.run.process import (
     stopping,
     wrap_up_done,
 )
+from recipes.run.quiet_profiler import QuietProfiler
 from recipes.run.resumable_logger import ResumableMLFlowLogger
 from recipes.run.shutdown import destroy_process_group
 from recipes.run.tracking import RUN_DIR_TAG, TrackingError, flush_async_metrics, redact
@@ -309,7 +309,7 @@ class AtscaleCLI(LightningCLI):
         seed = self.config.get("seed_everything")
         extra: list[Callback] = [Manifest(ctx.run_dir, seed=seed if isinstance(seed, int) else None,
                                           argv=[redact(arg) for arg in sys.argv]),
-                                 Baselines(metric=self.config.checkpoint.monitor or DEFAULT_METRIC)]
+                                 Baselines(metric=self.config.checkpoint.monitor or DEFAULT_METRIC, defer=True)]
         if ctx.run_url is not None:
             extra.append(UploadRunFiles(ctx.run_dir, ctx.run_url))
         extra += [RelocateCheckpointState(), AgreedStart(ctx.run_name, ctx.ckpt_path)]
@@ -326,6 +326,7 @@ class AtscaleCLI(LightningCLI):
         if config.get("enable_progress_bar", True) is not False and not any(
                 isinstance(cb, ProgressBar) for cb in user_callbacks):
             extra.append(RunProgressBar(leave=True))
+        config["profiler"] = config.get("profiler") or QuietProfiler()  # Lightning's default, less its per-hook cost
         if config.get("logger") in (None, True):
             # one writer thread: batches are written in the order they were logged (MLflow's default of
             # 10 workers may write two windows out of order)
@@ -360,7 +361,7 @@ class AtscaleCLI(LightningCLI):
         config["plugins"] = plugins
         trainer = super()._instantiate_trainer(config, callbacks + extra)
         for callback in trainer.callbacks:
-            if isinstance(callback, StepTiming):
+            if isinstance(callback, (StepTiming, CostTracker)):
                 callback.defer_plot = True  # drawn by fit() once trainer.fit has returned
         return trainer
 
@@ -441,6 +442,8 @@ class AtscaleCLI(LightningCLI):
                 if isinstance(callback, AfterFit):
                     callback.after_fit(self.trainer)
                     reraise_swallowed_stop()  # a second Ctrl-C lost in a writer's library: stop before the next
+            if logger is not None and self.trainer.is_global_zero:
+                flush_async_metrics()  # what they logged (the baselines), before the end table and the exit
         except BaseException as err:
             if logger is not None and self.trainer.is_global_zero and logger.run_id:
                 release_interrupted_frames(err)  # a stop's frames may hold the store's read lock
@@ -468,9 +471,7 @@ class AtscaleCLI(LightningCLI):
     def _start_system_metrics(run_id: str, resume: bool) -> Any:
         """MLflow's system-metrics sampler; a continued run's samples carry on from its last sample's step."""
         monitor = system_metrics_monitor(run_id, sampling_interval=10, samples_before_logging=1, resume_logging=resume)
-        if monitor is not None:
-            monitor.start()
-        return monitor
+        return monitor.start() or monitor if monitor is not None else None
 
     def summary_rows(self, duration: float, interrupted: bool) -> tuple[str, list[tuple[str, str]]]:
         """The end table's title and rows: final metrics, baselines and lift, duration, where the run is in MLflow."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,52 @@ def test_labelled_rich_progress_bar_labels_the_training_bar(tmp_path: Path) -> N
     task = next(t for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
     assert task.description.endswith("Epoch 1/1 of mine"), \
         "compat.LabelledRichProgressBar: RichProgressBar no longer labels its bar with _get_train_description"
+
+
+def test_the_progress_bars_refresh_thread_sleeps_until_asked_and_stops_at_once() -> None:
+    """Lightning's polled 4 times a second and its stop waited out the sleep (0.12 s of the digits fit)."""
+
+    class FakeLive:
+        def __init__(self) -> None:
+            self._lock = threading.RLock()
+            self.drawn = threading.Event()
+
+        def refresh(self) -> None:
+            self.drawn.set()
+
+    live = FakeLive()
+    thread = compat._WakingRefreshThread(live, 0.001)  # after a draw, 1000 s before the next may come
+    thread.start()
+    thread.refresh_cond = True  # what Lightning's CustomProgress.soft_refresh sets
+    assert live.drawn.wait(30)
+    thread.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()  # the stop ended the 1000 s wait
+
+
+def test_the_labelled_bar_draws_through_the_waking_thread_and_lightning_still_asks_it(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks.progress import rich_progress
+
+    seen: list[bool] = []
+
+    class Look(Callback):
+        def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+            live = bar.progress.live  # type: ignore[union-attr]
+            thread = live._refresh_thread
+            seen.append(isinstance(thread, compat._WakingRefreshThread) and thread.is_alive())
+            bar.progress.soft_refresh()  # type: ignore[union-attr]
+            seen.append(thread.refresh_cond)
+
+    bar = compat.LabelledRichProgressBar()
+    data = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, callbacks=[bar, Look()],
+                      default_root_dir=tmp_path, enable_model_summary=False, enable_checkpointing=False,
+                      limit_val_batches=0)
+    trainer.fit(Tiny(), train_dataloaders=data)
+    assert seen and all(seen), ("compat.LabelledRichProgressBar: Lightning's rich display no longer has a "
+                                "_RefreshThread with refresh_cond that soft_refresh sets")
+    assert issubclass(compat._WakingRefreshThread, rich_progress._RefreshThread)
+    assert not any(isinstance(t, compat._WakingRefreshThread) for t in threading.enumerate())  # stopped at teardown
 
 
 def test_keyed_throughput_monitor_names_its_metrics_and_takes_a_peak(tmp_path: Path) -> None:
