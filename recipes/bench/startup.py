@@ -247,7 +247,8 @@ def bench_startup(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                                            f"{launch['exit_code']}, not {expected}")
                     key = kind if source == "memory" else f"{kind}-stream"
                     launches[key].append(launch)
-                    console.print(f"round {index + 1}/{args.rounds} ({key}, stopped at step {stop}): first step "
+                    what = f"stopped at step {stop}" if kind == "fresh" else f"resumed from step {stop}"
+                    console.print(f"round {index + 1}/{args.rounds} ({key}, {what}): first step "
                                   f"after {launch['to_first_step']:.1f} s, exited after {launch['total']:.1f} s",
                                   highlight=False)
             if index % 2 == 1:

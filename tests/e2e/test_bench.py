@@ -24,7 +24,8 @@ from tests.conftest import cli_env, run_module, run_script
 # No figure here is a speed goal, so these run beside other tests; the contention bench alone is `serial`: its
 # busy neighbour would hold both cores under the other pytest-xdist worker (.ci/run runs `serial` tests last, alone)
 
-TINY = ["--features", "8", "--hidden", "8", "--layers", "1", "--batch-size", "4"]
+TINY_BATCH = 4
+TINY = ["--features", "8", "--hidden", "8", "--layers", "1", "--batch-size", str(TINY_BATCH)]
 
 
 def _bench(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -90,7 +91,12 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
     figures = json.loads(result.stdout)
     assert set(figures) == {"throughput", "median", "all", "rounds_run", "step_ms", "ratios", "median_ratios",
                             "ci95", "verdict", "full_recipe_fit_s", "timing_cost", "timing_cost_us", "params",
-                            "settings"}
+                            "settings", "median_step_us", "median_gap_us", "short", "short_verdict"}
+    # the median step of each variant from its median throughput; the recipe's over plain Lightning's
+    steps = {key: TINY_BATCH / figures["median"][key] * 1e6 for key in VARIANTS}
+    assert figures["median_step_us"] == pytest.approx(steps)
+    assert figures["median_gap_us"] == pytest.approx(steps["c"] - steps["b"])
+    assert (figures["short"], figures["short_verdict"]) == (False, None)
     for key in ("throughput", "median", "all", "step_ms"):
         assert set(figures[key]) == set(VARIANTS), key
     assert figures["rounds_run"] == 2 and all(len(v) == 2 for v in figures["all"].values())
@@ -105,7 +111,7 @@ def test_overhead_command_json_and_table(tmp_path: Path) -> None:
     assert figures["params"] == 8 * 8 + 8 + 8 * 10 + 10
     assert figures["settings"] == {"steps": 4, "warmup": 1, "rounds": 2, "max_rounds": 2, "batch_size": 4,
                                    "hidden": 8, "layers": 1, "features": 8, "threads": 1,
-                                   "variants": list(VARIANTS)}
+                                   "variants": list(VARIANTS), "short": False}
     # the full recipe's runs really went through the CLI: their logs are kept in --out
     assert sorted(p.name for p in (tmp_path / "out").glob("full-*.log")) == ["full-0.log", "full-1.log"]
     # and everything they stored stayed there: MLflow's default put their artifacts (the manifest, the time plot,
@@ -226,8 +232,9 @@ def test_startup_command_times_a_fresh_launch_and_its_relaunch(tmp_path: Path) -
         assert launch["total"] > launch["to_first_step"] + launch["wrap-up"]
         assert figures["ci95"][kind]["total"] == [launch["total"], launch["total"]]  # one round: its own figure
     # the two launches were one run: the relaunch resumed it from the fresh launch's notice checkpoint
-    assert "round 1/1 (fresh)" in result.stderr and "round 1/1 (relaunch)" in result.stderr
-    assert sorted(p.name for p in (tmp_path / "out" / "round0" / "runs" / "digits").iterdir()) == ["startup-0"]
+    assert "round 1/1 (fresh, stopped at step 1)" in result.stderr
+    assert "round 1/1 (relaunch, resumed from step 1)" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "out" / "round0-memory" / "runs" / "digits").iterdir()) == ["startup-0"]
     text = _table(print_startup, figures)
     for cell in ("spawn to first step", "end of training to exit", "fresh launch", "relaunch",
                  'floor: python -c "import torch, lightning.pytorch"', "spawn to first step / floor, relaunch: x"):
