@@ -65,10 +65,27 @@ def test_a_written_save_is_published_once_training_passed_its_step_with_the_unco
     assert pending(path) == [["train/loss", 0.5, 19, 1000], ["train/loss", 0.4, 20, 1010]]
     later = tmp_path / "step=00000025.ckpt"
     io.save_checkpoint(checkpoint(25), later)
-    io.save_checkpoint(checkpoint(26), tmp_path / "step=00000026.ckpt")  # the next save waits for 25's publication
-    assert ckpt_store.read_record(later) is not None  # released: the training thread is past step 25's logging
+    io.save_checkpoint(checkpoint(26), tmp_path / "step=00000026.ckpt")  # waits for 25's write, not its record
+    assert ckpt_store.read_record(later) is None  # still held: training has not passed step 25's logging
     io.teardown()  # the training thread waits: what is left is published at once
-    assert pending(tmp_path / "step=00000026.ckpt") is not None
+    assert pending(later) is not None and pending(tmp_path / "step=00000026.ckpt") is not None
+
+
+def test_with_uploads_the_next_save_waits_for_the_previous_publication(tmp_path: Path) -> None:
+    """One save in flight at most, its upload included; a local run's records are not waited for (above)."""
+    from callbacks.storage.remote_store import RemoteCheckpoints
+
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    local = tmp_path / "local"
+    gate = PublishGate(Logger())
+    io = BoundedAsyncCheckpointIO(AtomicCheckpointIO(mirror=RemoteCheckpoints(f"file://{bucket}", local), gate=gate))
+    first = local / "step=00000025.ckpt"
+    io.save_checkpoint(checkpoint(25), first)
+    io.save_checkpoint(checkpoint(26), local / "step=00000026.ckpt")  # waits for 25's publication and upload
+    assert ckpt_store.read_record(first) is not None  # released: the training thread is past step 25's logging
+    assert (bucket / "step=00000025.ckpt").exists()
+    io.teardown()
 
 
 def test_a_save_on_the_training_thread_is_published_at_once(tmp_path: Path) -> None:
@@ -134,3 +151,26 @@ def test_the_wait_for_training_ends_after_its_timeout(tmp_path: Path) -> None:
     io.save_checkpoint(checkpoint(2), path)  # training never passes step 2 (no gate.passed)
     assert wait_for(lambda: ckpt_store.read_record(path) is not None, timeout=5)
     io.teardown()
+
+
+def test_the_training_thread_never_waits_on_the_gates_lock_while_no_publication_waits() -> None:
+    """``passed`` took the condition's lock at every step, behind the publisher whenever it held it."""
+    import threading
+
+    gate = PublishGate(Logger())
+    with gate._cond:  # the publisher holds the lock (publishing a record, say)
+        stepper = threading.Thread(target=lambda: [gate.passed(step) for step in range(1, 1001)], daemon=True)
+        stepper.start()
+        stepper.join(timeout=30)
+        assert not stepper.is_alive()  # 1,000 steps went by without the lock
+    # a publication waiting for step 1,005 is woken by the step that reaches it, not before
+    done = threading.Event()
+    publisher = threading.Thread(target=lambda: (gate._when_logged(seq=10, step=1005, publish=lambda points: None),
+                                                 done.set()), daemon=True)
+    gate._release_upto = 0  # no training-thread wait releases it: only the steps do
+    publisher.start()
+    assert wait_for(lambda: gate._waiting_for == 1005)
+    gate.passed(1004)
+    assert not done.wait(0.2)
+    gate.passed(1005)
+    assert done.wait(30) and gate._waiting_for is None
