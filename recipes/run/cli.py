@@ -109,6 +109,7 @@ from recipes.run.process import (
     reset_stop_signals,
     resume_line,
     stopping,
+    stops_raised,
     wrap_up_done,
 )
 from recipes.run.quiet_profiler import QuietProfiler
@@ -376,6 +377,7 @@ class AtscaleCLI(LightningCLI):
         logger = self.mlflow_logger()
         monitor = None
         run_id: str | None = None  # once the MLflow run exists (rank zero): whatever stops the launch ends it
+        self._stops_before = stops_raised()  # an earlier fit's stops (this process's) were handled there
         self._prepare_data()
         if logger is not None and self.trainer.is_global_zero:
             import mlflow  # global rank 0 alone: the other ranks never import MLflow
@@ -395,7 +397,7 @@ class AtscaleCLI(LightningCLI):
                 # checkpoints may come from a shared bucket: never unpickle code from them
                 self.trainer.fit(self.model, datamodule=self.datamodule, ckpt_path=ctx.ckpt_path,
                                  weights_only=True)
-            reraise_swallowed_stop()  # a stop raised into a callback's library (a plot) and lost there
+            reraise_swallowed_stop(self._stops_before)  # a stop raised into a callback's library and lost there
             if run_id is not None:  # the store's last writes come after Lightning's FINISHED: all in, or it failed
                 tracking.confirm_metrics(logger, self.trainer.log_every_n_steps, self.trainer.global_step,
                                          continued=bool(ctx.mlflow_run_id))
@@ -441,7 +443,7 @@ class AtscaleCLI(LightningCLI):
             for callback in self.trainer.callbacks:
                 if isinstance(callback, AfterFit):
                     callback.after_fit(self.trainer)
-                    reraise_swallowed_stop()  # a second Ctrl-C lost in a writer's library: stop before the next
+                    reraise_swallowed_stop(self._stops_before)  # a Ctrl-C lost in a writer's library: stop here
             if logger is not None and self.trainer.is_global_zero:
                 flush_async_metrics()  # what they logged (the baselines), before the end table and the exit
         except BaseException as err:
@@ -454,13 +456,10 @@ class AtscaleCLI(LightningCLI):
     def _prepare_data(self) -> None:
         """Download or check the data before any MLflow run exists: missing data is bad input, not a failed run.
 
-        Lightning calls ``prepare_data`` again inside ``fit``; the datamodules make that a no-op once
-        their files are in place.
-        """
-        if launched_by_parent() or int(os.environ.get("LOCAL_RANK", "0")) != 0:
-            return
+        Lightning calls ``prepare_data`` again inside ``fit``; the datamodules make that a no-op once their files
+        are in place."""
         prepare = getattr(self.datamodule, "prepare_data", None)
-        if prepare is None:
+        if prepare is None or launched_by_parent() or int(os.environ.get("LOCAL_RANK", "0")) != 0:
             return
         try:
             prepare()

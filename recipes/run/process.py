@@ -303,8 +303,14 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted(signum)
 
 
-def reraise_swallowed_stop() -> None:
-    """Raise again a stop signal's :class:`Interrupted` that the code it landed in swallowed.
+def stops_raised() -> int:
+    """How many stop signals were raised as :class:`Interrupted` so far (see :func:`reraise_swallowed_stop`)."""
+    return len(_raised)
+
+
+def reraise_swallowed_stop(since: int) -> None:
+    """Raise again a stop signal's :class:`Interrupted` raised after the ``since``-th that the code it landed in
+    swallowed (``since``: :func:`stops_raised` when the fit began; an earlier fit's stops were handled there).
 
     The exception is raised wherever the main thread is; some libraries turn it into an error of their own and
     handle that: matplotlib's cleanup of a figure being saved raised ``ValueError`` ("Invalid bounding box"),
@@ -312,7 +318,7 @@ def reraise_swallowed_stop() -> None:
     first press's stop, exit 75, not 130). Called where the run's own code resumes (after ``trainer.fit``,
     between the wrap-up's writers): a stop raised is a stop, whatever caught it.
     """
-    if _raised and threading.current_thread() is threading.main_thread():
+    if len(_raised) > since and threading.current_thread() is threading.main_thread():
         raise Interrupted(_raised[-1])
 
 

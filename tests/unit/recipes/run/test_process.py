@@ -122,7 +122,8 @@ def test_after_a_ctrl_c_notice_a_ctrl_c_during_the_wrap_up_insists(stop_signals,
 
 def test_a_stop_swallowed_by_the_code_it_landed_in_is_raised_again(stop_signals) -> None:
     """matplotlib's cleanup turned the stop into a ValueError its caller logged; the run's own code raises it again."""
-    process.reraise_swallowed_stop()  # nothing raised yet: nothing to raise
+    before = process.stops_raised()
+    process.reraise_swallowed_stop(before)  # nothing raised yet: nothing to raise
     try:
         try:
             signal.raise_signal(signal.SIGTERM)
@@ -131,10 +132,13 @@ def test_a_stop_swallowed_by_the_code_it_landed_in_is_raised_again(stop_signals)
     except ValueError:
         pass
     with pytest.raises(Interrupted) as raised:
-        process.reraise_swallowed_stop()
+        process.reraise_swallowed_stop(before)
     assert raised.value.signum == signal.SIGTERM
-    reset_stop_signals()  # the next fit starts with none
-    process.reraise_swallowed_stop()
+    # a later fit in the same process (a benchmark's rounds, a test worker) counts only its own: the CI's
+    # failure, where an earlier in-process fit's handled SIGTERM was raised again into the next fit
+    process.reraise_swallowed_stop(process.stops_raised())
+    reset_stop_signals()  # a launch starts with none
+    process.reraise_swallowed_stop(0)
 
 
 def test_during_the_wrap_up_a_signal_waits_and_a_second_ctrl_c_insists(stop_signals, capsys) -> None:
