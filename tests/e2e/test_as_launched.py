@@ -138,8 +138,9 @@ def test_a_launch_a_shell_execd_after_other_work_is_billed_from_its_own_start(tm
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = runs_of(tmp_path, "digits")
     billed, startup = run.data.metrics["cost/billed_s"], run.data.metrics["goodput/startup_s"]
-    # billed: from the launch's start to its last log at train end; the rest of the launch is its exit
-    assert launch_wall - 1.0 < billed <= launch_wall, (billed, launch_wall)
+    # billed: from the launch's start to its last log at train end, never from the shell's start (5 s earlier);
+    # the rest of the launch is its wrap-up (the baselines and the plots, made after training) and its exit
+    assert launch_wall - 3.0 < billed <= launch_wall, (billed, launch_wall)
     assert startup < launch_wall - (run.data.metrics["goodput/productive_s"] or 0), (startup, launch_wall)
 
 
