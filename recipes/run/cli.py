@@ -68,7 +68,6 @@ from recipes.run.common import (
     UsageError,
     check_tracking_server,
 )
-from recipes.run.compat import system_metrics_monitor
 from recipes.run.context import (
     AlreadyComplete,
     RunContext,
@@ -466,11 +465,7 @@ class AtscaleCLI(LightningCLI):
         except (OSError, RuntimeError) as err:
             raise UsageError(" ".join(str(err).split()) or repr(err)) from err
 
-    @staticmethod
-    def _start_system_metrics(run_id: str, resume: bool) -> Any:
-        """MLflow's system-metrics sampler; a continued run's samples carry on from its last sample's step."""
-        monitor = system_metrics_monitor(run_id, sampling_interval=10, samples_before_logging=1, resume_logging=resume)
-        return monitor.start() or monitor if monitor is not None else None
+    _start_system_metrics = staticmethod(tracking.start_system_metrics)
 
     def summary_rows(self, duration: float, interrupted: bool) -> tuple[str, list[tuple[str, str]]]:
         """The end table's title and rows: final metrics, baselines and lift, duration, where the run is in MLflow."""

@@ -357,6 +357,16 @@ def find_run(client: Any, experiment: str, location: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
+def start_system_metrics(run_id: str, resume: bool) -> Any:
+    """MLflow's system-metrics sampler, started; a continued run's samples carry on from its last sample's step."""
+    from recipes.run.compat import system_metrics_monitor
+
+    monitor = system_metrics_monitor(run_id, sampling_interval=10, samples_before_logging=1, resume_logging=resume)
+    if monitor is not None:
+        monitor.start()
+    return monitor
+
+
 def flush_async_metrics() -> None:
     """Wait until MLflow's async queue (of the current tracking URI's store) has written every metric."""
     import mlflow
